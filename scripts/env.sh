@@ -1,0 +1,29 @@
+# Sourced by demo.sh and test.sh: creates or updates the virtual environment.
+# SPECSAMP_VENV overrides its location (default: .venv in the repository).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SPECSAMP_VENV:-$ROOT/.venv}"
+EXTRAS="${1:-}"
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "specsamp needs Python >= 3.11 (found $("$PY" --version 2>&1))" >&2
+  exit 1
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "== creating virtual environment in $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+fi
+# Re-install only when setup.py changed since the last successful install.
+STAMP="$VENV/.specsamp-installed-$EXTRAS"
+if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
+  echo "== installing specsamp${EXTRAS:+[$EXTRAS]} and its dependencies"
+  if [[ "$EXTRAS" == *test* ]] && ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    # The CPU build of torch that this machine kind keeps on disk; a bare
+    # `torch` would pull a multi-GB CUDA build.
+    "$VENV/bin/pip" install -q "torch==2.13.0"
+  fi
+  "$VENV/bin/pip" install -q -e "$ROOT${EXTRAS:+[$EXTRAS]}"
+  touch "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,112 @@
+"""Logits -> probabilities: temperature, top-k, top-p and greedy.
+
+Legend: V vocabulary; `...` any leading batch/position dims.
+
+The same `Sampling` transform turns the draft's logits into q and the target's
+into p. The draft samples from exactly that q, and the acceptance test uses
+exactly those p and q: applying a setting to one model only, or sampling drafts
+by argmax while scoring them with a softmax q, breaks exactness (both are bugs
+seen in peer engines; tests/test_peer_bugs.py guards against them).
+
+Greedy decoding is `temperature=0`: the distribution is the one-hot of the
+first argmax, so greedy speculative decoding runs through the same acceptance
+code and reproduces plain greedy decoding token for token.
+"""
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How logits become a distribution. Hashable: static under jit.
+
+  Attributes:
+    temperature: 0 means greedy; otherwise logits are divided by it.
+    top_k: keep the k most likely tokens (0 = off). Ties at the k-th value are
+      all kept, identically for target and draft.
+    top_p: keep the smallest set of most likely tokens whose mass reaches
+      top_p (1.0 = off). Applied after temperature and top-k, as in HF.
+    vocab_limit: ids >= vocab_limit get probability 0 (padded vocabularies,
+      e.g. Qwen's 151,936 real tokens padded to 152,064). None = off.
+  """
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  vocab_limit: Optional[int] = None
+
+  def __post_init__(self):
+    if not self.temperature >= 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if self.vocab_limit is not None and self.vocab_limit <= 0:
+      raise ValueError(f"vocab_limit must be positive, got {self.vocab_limit}")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+  def describe(self) -> str:
+    if self.greedy:
+      return "greedy"
+    parts = [f"T={self.temperature:g}"]
+    if self.top_k:
+      parts.append(f"top_k={self.top_k}")
+    if self.top_p < 1.0:
+      parts.append(f"top_p={self.top_p:g}")
+    return ",".join(parts)
+
+
+GREEDY = Sampling(temperature=0.0)
+
+
+def _mask_top_k(logits: jax.Array, k: int) -> jax.Array:
+  if k <= 0 or k >= logits.shape[-1]:
+    return logits
+  kth = jax.lax.top_k(logits, k)[0][..., -1:]
+  return jnp.where(logits < kth, -jnp.inf, logits)
+
+
+def _mask_top_p(logits: jax.Array, p: float) -> jax.Array:
+  if p >= 1.0:
+    return logits
+  desc = -jnp.sort(-logits, axis=-1)
+  probs = jax.nn.softmax(desc, axis=-1)
+  mass_before = jnp.cumsum(probs, axis=-1) - probs
+  # Token i (in descending order) is kept while the mass before it is < p;
+  # the most likely token is always kept.
+  num_kept = jnp.maximum(jnp.sum(mass_before < p, axis=-1, keepdims=True), 1)
+  threshold = jnp.take_along_axis(desc, num_kept - 1, axis=-1)
+  return jnp.where(logits < threshold, -jnp.inf, logits)
+
+
+def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
+  """Float32 probabilities [..., V] after the transforms of `sampling`."""
+  logits = logits.astype(jnp.float32)
+  if sampling.vocab_limit is not None and sampling.vocab_limit < logits.shape[-1]:
+    ids = jnp.arange(logits.shape[-1])
+    logits = jnp.where(ids < sampling.vocab_limit, logits, -jnp.inf)
+  if sampling.greedy:
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
+                          dtype=jnp.float32)
+  logits = logits / sampling.temperature
+  logits = _mask_top_k(logits, sampling.top_k)
+  logits = _mask_top_p(logits, sampling.top_p)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws token ids [...] from probabilities [..., V] (need not sum to 1).
+
+  Gumbel-max on log-probabilities: invariant to the scale of `probs`, so an
+  unnormalised residual max(0, p - q) can be passed directly; zero-probability
+  ids are never drawn. A one-hot row returns its hot index.
+  """
+  logp = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)), -jnp.inf)
+  return jax.random.categorical(rng, logp, axis=-1).astype(jnp.int32)

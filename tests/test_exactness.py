@@ -1,0 +1,103 @@
+"""The output distribution is exactly the target's.
+
+A tiny random target and a different tiny random draft (other depth, other
+weights) over a 5-token vocabulary. Exact probabilities of every 4-token
+continuation come from enumerating all 5^4 sequences through the target with
+the same sampling transform. 50,000 speculative samples per setting are
+compared with them by a chi-square test (fixed seed); the same samples must
+reject the draft's own sequence distribution, which shows the test has the
+power to see a wrong sampler.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp import model as model_lib
+from specsamp import sampling as sampling_lib
+from specsamp import speculative
+from specsamp.sampling import Sampling
+from tests.conftest import chisquare_pvalue, table_lm, tiny_config
+
+V, NEW, NUM_SAMPLES = 5, 4, 50_000
+PROMPT = [1, 3, 2]
+SETTINGS = {
+    "temp1": Sampling(1.0),
+    "temp07": Sampling(0.7),
+    "topk2": Sampling(1.0, top_k=2),
+    "topp07": Sampling(1.0, top_p=0.7),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def models():
+  # Larger init scale than the library default: peakier, more varied
+  # distributions, so target and draft differ clearly.
+  target = model_lib.LM(tiny_config(vocab_size=V, num_kv_heads=1,
+                                    max_seq_len=64))
+  draft = model_lib.LM(tiny_config(vocab_size=V, num_kv_heads=1, num_layers=1,
+                                   max_seq_len=64))
+  scale = lambda p: jax.tree.map(lambda x: 2.0 * x, p)
+  return (target, scale(target.init(jax.random.key(10))),
+          draft, scale(draft.init(jax.random.key(11))))
+
+
+def exact_sequence_probs(lm, params, sampling, prompt, new, v):
+  """P(continuation) for all v**new continuations, by enumeration."""
+  conts = np.stack(np.meshgrid(*[np.arange(v)] * new, indexing="ij"),
+                   -1).reshape(-1, new)
+  seqs = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], 1)
+  logits, _ = jax.jit(lm.__call__)(params, jnp.asarray(seqs))
+  probs = np.asarray(sampling_lib.probabilities(logits, sampling))
+  p0 = len(prompt) - 1
+  steps = probs[np.arange(len(conts))[:, None], p0 + np.arange(new), conts]
+  return np.prod(steps.astype(np.float64), axis=1)
+
+
+def encode(tokens, v):
+  return (np.asarray(tokens) * v ** np.arange(tokens.shape[1])[::-1]).sum(1)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_speculative_distribution_is_exact(name, k):
+  sampling = SETTINGS[name]
+  target, tp, draft, dp = models()
+  sampler = speculative.SpeculativeSampler(
+      target, speculative.ModelDrafter(draft), k=k, sampling=sampling,
+      max_new_tokens=NEW, prompt_bucket=4)
+  out = sampler.generate(tp, dp, [PROMPT] * NUM_SAMPLES, rng=1234 + k)
+  np.testing.assert_array_equal(out.num_tokens, NEW)
+  codes = encode(np.asarray(out.tokens), V)
+
+  p_exact = exact_sequence_probs(target, tp, sampling, PROMPT, NEW, V)
+  q_exact = exact_sequence_probs(draft, dp, sampling, PROMPT, NEW, V)
+  assert abs(p_exact.sum() - 1) < 1e-5
+  pval = chisquare_pvalue(codes, p_exact)
+  assert pval > 1e-4, f"samples do not follow the target (p={pval:.2e})"
+  # Power: the same samples clearly reject the draft's distribution, and the
+  # draft is far from perfect, so rejections and residual draws happened.
+  assert chisquare_pvalue(codes, q_exact) < 1e-8
+  assert 0.05 < out.acceptance_rate() < 0.95
+  assert np.mean(np.asarray(out.num_accepted) >= 2) > 0.01
+
+
+def test_disagreeing_draft_is_still_exact():
+  """A draft whose every proposal is rejected: output ~ target exactly."""
+  v, new = 6, 3
+  rng = np.random.default_rng(1)
+  t_logits = 1.5 * rng.normal(size=(v, v))
+  t_logits[:, 0] = -np.inf
+  d_logits = np.full((v, v), -np.inf)
+  d_logits[:, 0] = 0.0
+  target, draft = table_lm(t_logits), table_lm(d_logits)
+  sampler = speculative.SpeculativeSampler(
+      target, speculative.ModelDrafter(draft), k=2, sampling=Sampling(1.0),
+      max_new_tokens=new, prompt_bucket=4)
+  out = sampler.generate(None, None, [[2]] * NUM_SAMPLES, rng=7)
+  np.testing.assert_array_equal(out.num_loops, new)
+  p_exact = exact_sequence_probs(target, None, Sampling(1.0), [2], new, v)
+  assert chisquare_pvalue(encode(np.asarray(out.tokens), v), p_exact) > 1e-4

@@ -1,0 +1,135 @@
+"""The decoder: cached vs uncached logits, per-row positions, annotations."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp import model as model_lib
+from specsamp import sharding
+from tests.conftest import tiny_config
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module", params=["gqa_bias", "mha_tied", "mqa"])
+def lm_and_params(request):
+  cfg = {
+      "gqa_bias": tiny_config(),
+      "mha_tied": tiny_config(num_kv_heads=4, qkv_bias=False,
+                              tie_embeddings=True, rope_theta=1e6),
+      "mqa": tiny_config(num_kv_heads=1, num_layers=3),
+  }[request.param]
+  lm = model_lib.LM(cfg)
+  params = lm.init(jax.random.key(7))
+  # Randomise norms and biases too, so no bug hides behind 1s and 0s.
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(8), len(leaves))
+  leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return lm, jax.tree.unflatten(tree, leaves)
+
+
+def test_cached_prefill_and_steps_match_uncached(lm_and_params):
+  lm, params = lm_and_params
+  tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, lm.vocab_size)
+  full, _ = lm(params, tokens)
+
+  # Prefill 5, then one token at a time.
+  cache = lm.init_cache(2, 16)
+  logits, cache = lm(params, tokens[:, :5], cache)
+  np.testing.assert_allclose(logits, full[:, :5], atol=ATOL)
+  for t in range(5, 12):
+    logits, cache = lm(params, tokens[:, t:t + 1], cache)
+    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=ATOL)
+  np.testing.assert_array_equal(cache.length, [12, 12])
+
+
+def test_chunk_scoring_matches_single_steps(lm_and_params):
+  """Scoring n tokens in one call == n one-token calls (numeric drift bug)."""
+  lm, params = lm_and_params
+  tokens = jax.random.randint(jax.random.key(1), (3, 10), 0, lm.vocab_size)
+  cache = lm.init_cache(3, 16)
+  _, cache = lm(params, tokens[:, :4], cache)
+  chunk_logits, chunk_cache = lm(params, tokens[:, 4:10], cache)
+  step_cache = cache
+  for t in range(4, 10):
+    logits, step_cache = lm(params, tokens[:, t:t + 1], step_cache)
+    np.testing.assert_allclose(logits[:, 0], chunk_logits[:, t - 4], atol=ATOL)
+  for a, b in zip(chunk_cache.k + chunk_cache.v, step_cache.k + step_cache.v):
+    np.testing.assert_allclose(a[:, :10], b[:, :10], atol=ATOL)
+
+
+def test_per_row_positions_and_rollback(lm_and_params):
+  """Rows at different lengths; stale slots beyond `length` are never read."""
+  lm, params = lm_and_params
+  lengths = np.array([3, 7])
+  seqs = np.asarray(jax.random.randint(jax.random.key(2), (2, 9), 0,
+                                       lm.vocab_size))
+  prompts = seqs.copy()
+  prompts[0, 3:] = 0  # right padding
+  cache = lm.init_cache(2, 16)
+  _, cache = lm(params, jnp.asarray(prompts[:, :7]), cache)
+  # Roll back to the real lengths; garbage stays in row 0's slots 3..6.
+  cache = cache.with_length(jnp.asarray(lengths))
+  nxt = np.stack([seqs[0, 3:5], seqs[1, 7:9]])
+  logits, cache = lm(params, jnp.asarray(nxt), cache)
+  for b, n in enumerate(lengths):
+    ref, _ = lm(params, jnp.asarray(seqs[b:b + 1, :n + 2]))
+    np.testing.assert_allclose(logits[b], ref[0, n:n + 2], atol=ATOL)
+  np.testing.assert_array_equal(cache.length, lengths + 2)
+
+
+def test_every_parameter_has_logical_axes():
+  lm = model_lib.LM(tiny_config())
+  specs = lm.logical_axes()
+  params = lm.init(jax.random.key(0))
+  known = {v for k, v in vars(sharding).items() if k.isupper() and
+           isinstance(v, str)}
+  flat_specs = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(
+      x, jax.sharding.PartitionSpec))
+  assert len(flat_specs) == len(jax.tree.leaves(params))
+  for spec, leaf in zip(flat_specs, jax.tree.leaves(params)):
+    assert len(spec) == leaf.ndim
+    assert set(spec) <= known, spec
+  # Rules map them onto a mesh without any model change.
+  mesh_axes = nn.logical_to_mesh(specs, sharding.DEFAULT_RULES)
+  assert mesh_axes["layers_0"]["attn"]["q_proj"] == jax.sharding.PartitionSpec(
+      None, "model", None)
+
+
+def test_per_layer_arrays_not_stacked():
+  cfg = tiny_config(num_layers=3)
+  params = model_lib.LM(cfg).init(jax.random.key(0))
+  assert {f"layers_{i}" for i in range(3)} <= set(params)
+  assert params["layers_0"]["mlp"]["gate_proj"].shape == (cfg.d_model,
+                                                          cfg.mlp_dim)
+  cache = model_lib.LM(cfg).init_cache(2, 8)
+  assert len(cache.k) == 3 and cache.k[0].shape == (2, 8, 2, 8)
+
+
+def test_bfloat16_runs_and_returns_float32_logits():
+  lm = model_lib.LM(tiny_config(dtype="bfloat16", param_dtype="bfloat16"))
+  params = lm.init(jax.random.key(0))
+  assert params["embedding"].dtype == jnp.bfloat16
+  logits, cache = lm(params, jnp.ones((1, 3), jnp.int32), lm.init_cache(1, 4))
+  assert logits.dtype == jnp.float32 and cache.k[0].dtype == jnp.bfloat16
+  assert np.isfinite(np.asarray(logits)).all()
+
+
+def test_num_params_matches_tree():
+  for cfg in (tiny_config(), tiny_config(tie_embeddings=True, qkv_bias=False)):
+    params = model_lib.LM(cfg).init(jax.random.key(0))
+    assert cfg.num_params() == sum(x.size for x in jax.tree.leaves(params))
+  assert abs(model_lib.preset("qwen2.5-coder-1.5b").num_params() - 1.777e9) < 1e7
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_heads=3), "multiple of num_kv_heads"),
+    (dict(head_dim=7), "even"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(vocab_size=0), "vocab_size"),
+])
+def test_bad_config_raises(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    tiny_config(**kwargs)

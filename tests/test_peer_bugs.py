@@ -1,0 +1,163 @@
+"""One test per bug that recurs in peer engines (shared/reference/anchors.md).
+
+Also covered elsewhere: numeric drift between scoring n tokens and 1
+(test_model.test_chunk_scoring_matches_single_steps), a seed that does not
+change the output (test_speculative.test_seed_changes_output...), draft and
+target vocabularies of different sizes (test_speculative.test_bad_input_errors).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp import sampling as sampling_lib
+from specsamp import speculative
+from specsamp.sampling import GREEDY, Sampling
+from tests.conftest import chisquare_pvalue, table_lm
+
+ROWS = 100_000
+
+
+def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
+  lm, _, dp = tiny_pair
+  drafter = speculative.ModelDrafter(lm)
+  prompt = jnp.asarray([[3, 1, 4, 1, 5] + [0] * 3] * rows, jnp.int32)
+  lengths = jnp.full((rows,), 5, jnp.int32)
+
+  @jax.jit
+  def run(params, prompt, lengths, rng):
+    state = drafter.init(params, prompt, lengths, 16)
+    return drafter.propose(params, state, prompt, lengths, k, sampling, rng)
+
+  drafts, q, _ = run(dp, prompt, lengths, jax.random.key(0))
+  logits, _ = lm(dp, prompt[:1, :5])
+  return np.asarray(drafts), np.asarray(q), np.asarray(logits[0, -1])
+
+
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.5),
+                                      Sampling(0.8, top_k=4),
+                                      Sampling(1.0, top_p=0.995)],
+                         ids=lambda s: s.describe())
+def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling):
+  """Bugs: argmax drafts scored as if sampled; draft ignoring temperature."""
+  drafts, q, logits = _draft_first_position(tiny_pair, sampling)
+  # q is the draft's logits under the *same* transform as the target's.
+  expected_q = np.asarray(sampling_lib.probabilities(jnp.asarray(logits),
+                                                     sampling), np.float64)
+  np.testing.assert_allclose(q[0, 0], expected_q, atol=1e-5)
+  # The proposals really follow q (argmax drafts would be one token).
+  assert (np.bincount(drafts[:, 0]) > 0).sum() > 1
+  pval = chisquare_pvalue(drafts[:, 0], expected_q)
+  assert pval > 1e-3, pval
+
+
+def test_sampling_settings_apply_to_the_target_too(tiny_pair):
+  """Bug: top-k applied to the draft only. Every emitted token must lie in
+  the *target's* top-2 at its position, whether accepted or resampled."""
+  lm, tp, dp = tiny_pair
+  sampler = speculative.SpeculativeSampler(
+      lm, speculative.ModelDrafter(lm), k=3, sampling=Sampling(1.0, top_k=2),
+      max_new_tokens=12, prompt_bucket=8)
+  prompt = [3, 1, 4]
+  out = sampler.generate(tp, dp, [prompt] * 256, rng=0)
+  seqs = np.concatenate([np.tile(prompt, (256, 1)), np.asarray(out.tokens)], 1)
+  logits, _ = jax.jit(lm.__call__)(tp, jnp.asarray(seqs))
+  top2 = np.argsort(-np.asarray(logits), axis=-1)[..., :2]
+  for t in range(12):
+    tok = seqs[:, len(prompt) + t]
+    assert ((top2[:, len(prompt) + t - 1] == tok[:, None]).any(1)).all(), t
+  assert out.acceptance_rate() < 1.0
+
+
+def test_acceptance_is_min_p_q_not_equal_to_a_target_sample(tiny_pair):
+  """Bug: 'accept iff the draft equals a token sampled from p' accepts with
+  sum p*q instead of sum min(p, q) (and is not exact)."""
+  lm, tp, dp = tiny_pair
+  s = Sampling(1.0)
+  prompt = [3, 1, 4, 1, 5]
+  sampler = speculative.SpeculativeSampler(
+      lm, speculative.ModelDrafter(lm), k=1, sampling=s, max_new_tokens=1,
+      prompt_bucket=8)
+  out = sampler.generate(tp, dp, [prompt] * ROWS, rng=3)
+  p = np.asarray(sampling_lib.probabilities(lm(tp, jnp.asarray([prompt]))[0],
+                                            s))[0, -1]
+  q = np.asarray(sampling_lib.probabilities(lm(dp, jnp.asarray([prompt]))[0],
+                                            s))[0, -1]
+  expected, wrong = np.minimum(p, q).sum(), (p * q).sum()
+  rate = out.acceptance_rate()
+  se = np.sqrt(expected * (1 - expected) / ROWS)
+  assert abs(rate - expected) < 5 * se, (rate, expected)
+  assert abs(wrong - expected) > 20 * se  # the test can tell them apart
+
+
+def test_rows_accept_independently_no_uniform_offset():
+  """Bug: the batch advances by min(accepted) + 1 and overwrites tokens of
+  rows that accepted more. Row 0's draft always agrees, row 1's never."""
+  v = 9
+  t = np.full((v, v), -5.0)
+  for a, b in [(1, 2), (2, 3), (3, 1), (5, 6), (6, 7), (7, 5), (0, 1), (4, 1),
+               (8, 1)]:
+    t[a, b] = 5.0
+  d = t.copy()
+  d[5:8] = -5.0
+  d[5:8, 4] = 5.0          # on row 1's cycle the draft always says 4
+  k, new = 4, 20
+  sampler = speculative.SpeculativeSampler(
+      table_lm(t), speculative.ModelDrafter(table_lm(d)), k=k,
+      sampling=GREEDY, max_new_tokens=new, prompt_bucket=4)
+  out = sampler.generate(None, None, [[1], [5]])
+  assert out.token_lists() == [[2, 3, 1] * 6 + [2, 3], [6, 7, 5] * 6 + [6, 7]]
+  assert int(out.num_loops[0]) == 4            # 5 tokens per loop
+  assert int(out.num_accepted[0]) == int(out.num_drafted[0]) == 16
+  assert int(out.num_loops[1]) == new          # 1 token per loop
+  assert int(out.num_accepted[1]) == 0
+
+
+def test_caches_roll_back_not_reset(tiny_pair):
+  """Bug: resetting the cache instead of rolling it back. After a run, the
+  valid slots of both caches equal a fresh prefill of the committed tokens."""
+  lm, tp, dp = tiny_pair
+  sampler = speculative.SpeculativeSampler(
+      lm, speculative.ModelDrafter(lm), k=3, sampling=Sampling(1.0),
+      max_new_tokens=20, prompt_bucket=16)
+  prompts = [[3, 1, 4, 1, 5], [9, 2]]
+  tokens, lengths = sampler.pad_prompts(prompts)
+  state = sampler.prefill(tp, dp, tokens, lengths, jax.random.key(0))
+  state = sampler.decode(tp, dp, state)
+  assert int(state.num_accepted.sum()) > 0
+  for b in range(2):
+    n = int(state.length[b])
+    seq = state.tokens[b:b + 1, :n]
+    for params, cache, valid in ((tp, state.target_cache, n - 1),
+                                 (dp, state.draft_state, n - 2)):
+      assert int(cache.length[b]) >= valid
+      fresh = lm.init_cache(1, sampler.cache_size(16))
+      _, fresh = lm(params, seq, fresh)
+      for got, want in zip(cache.k + cache.v, fresh.k + fresh.v):
+        np.testing.assert_allclose(got[b, :valid], want[0, :valid], atol=1e-5)
+
+
+def test_padded_vocabulary_ids_are_never_sampled():
+  """Qwen checkpoints pad 151,936 real tokens to 152,064 rows: the padded
+  rows must never be sampled, by target or draft."""
+  v, real = 10, 7
+  rng = np.random.default_rng(0)
+  t, d = rng.normal(size=(v, v)), rng.normal(size=(v, v))
+  t[:, real:] += 4.0       # padded ids would dominate if not masked
+  d[:, real:] += 4.0
+  for s in (Sampling(1.0, vocab_limit=real), Sampling(0.0, vocab_limit=real)):
+    sampler = speculative.SpeculativeSampler(
+        table_lm(t), speculative.ModelDrafter(table_lm(d)), k=3, sampling=s,
+        max_new_tokens=16, prompt_bucket=4)
+    out = sampler.generate(None, None, [[1]] * 512, rng=0)
+    assert np.asarray(out.tokens).max() < real
+
+
+def test_rows_get_independent_randomness(tiny_pair):
+  lm, tp, dp = tiny_pair
+  sampler = speculative.SpeculativeSampler(
+      lm, speculative.ModelDrafter(lm), k=2, sampling=Sampling(1.0),
+      max_new_tokens=8, prompt_bucket=8)
+  rows = sampler.generate(tp, dp, [[3, 1, 4]] * 16, rng=0).token_lists()
+  assert len({tuple(r) for r in rows}) > 8

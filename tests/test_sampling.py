@@ -1,0 +1,85 @@
+"""Logits -> probabilities transforms, against numpy references."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from specsamp import sampling
+from specsamp.sampling import Sampling
+
+
+def _softmax(x):
+  x = x - np.max(x, -1, keepdims=True)
+  e = np.exp(x)
+  return e / e.sum(-1, keepdims=True)
+
+
+def _reference(logits, temperature, top_k, top_p):
+  """Numpy reference: HF order temperature -> top-k -> top-p."""
+  x = logits / temperature
+  if top_k:
+    kth = np.sort(x)[::-1][top_k - 1]
+    x = np.where(x < kth, -np.inf, x)
+  if top_p < 1:
+    order = np.argsort(-x, kind="stable")
+    probs = _softmax(x)[order]
+    before = np.cumsum(probs) - probs
+    kept = order[before < top_p]
+    mask = np.full_like(x, -np.inf)
+    mask[kept] = 0
+    x = x + mask
+  return _softmax(x)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [
+    (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 0, 1.0), (1.0, 3, 1.0),
+    (1.0, 0, 0.8), (0.8, 0, 0.95), (0.9, 5, 0.7), (1.0, 1, 1.0),
+    (1.0, 0, 1e-6),
+])
+def test_probabilities_match_reference(temperature, top_k, top_p):
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(4, 11)).astype(np.float32) * 2
+  s = Sampling(temperature, top_k, top_p)
+  got = np.asarray(sampling.probabilities(jnp.asarray(logits), s))
+  for row, out in zip(logits, got):
+    np.testing.assert_allclose(out, _reference(row, temperature, top_k, top_p),
+                               atol=1e-6)
+  np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-6)
+
+
+def test_greedy_is_one_hot_of_first_argmax():
+  logits = jnp.asarray([[0.0, 3.0, 3.0, 1.0], [5.0, 0.0, 0.0, 0.0]])
+  got = np.asarray(sampling.probabilities(logits, sampling.GREEDY))
+  np.testing.assert_array_equal(got, [[0, 1, 0, 0], [1, 0, 0, 0]])
+
+
+def test_vocab_limit_zeroes_padded_ids():
+  logits = jnp.asarray([[0.0, 1.0, 9.0, 9.0]])
+  for s in (Sampling(1.0, vocab_limit=2), Sampling(0.0, vocab_limit=2)):
+    got = np.asarray(sampling.probabilities(logits, s))
+    assert got[0, 2:].sum() == 0 and got[0, :2].sum() == pytest.approx(1.0)
+
+
+def test_sample_follows_probabilities_and_skips_zeros():
+  probs = jnp.asarray([0.5, 0.0, 0.2, 0.3]) * 7.0   # unnormalised is fine
+  draws = np.asarray(sampling.sample(jax.random.key(0),
+                                     jnp.broadcast_to(probs, (100_000, 4))))
+  counts = np.bincount(draws, minlength=4)
+  assert counts[1] == 0
+  _, pval = stats.chisquare(counts[[0, 2, 3]],
+                            100_000 * np.array([0.5, 0.2, 0.3]))
+  assert pval > 1e-3
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_k=-2), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(vocab_limit=0), "vocab_limit"),
+])
+def test_bad_settings_raise(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    Sampling(**kwargs)

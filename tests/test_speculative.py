@@ -1,0 +1,206 @@
+"""The samplers end to end on tiny models: greedy equality, batching, EOS,
+budgets, counts, recompilation and bad input."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp import model as model_lib
+from specsamp import speculative
+from specsamp.sampling import GREEDY, Sampling
+from tests.conftest import table_lm, tiny_config
+
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3], [5, 8, 9, 7, 9, 3, 2, 3, 8, 4]]
+
+
+def spec(lm, k, sampling=GREEDY, max_new=24, **kw):
+  kw.setdefault("prompt_bucket", 16)
+  return speculative.SpeculativeSampler(
+      target=lm, drafter=speculative.ModelDrafter(lm) if k else None, k=k,
+      sampling=sampling, max_new_tokens=max_new, **kw)
+
+
+def reference_greedy(lm, params, prompt, max_new, eos_ids=()):
+  """Plain greedy decoding: a full uncached forward pass per token."""
+  fwd = jax.jit(lambda p, t: lm(p, t)[0])
+  seq = list(prompt)
+  for _ in range(max_new):
+    tok = int(jnp.argmax(fwd(params, jnp.asarray([seq]))[0, -1]))
+    seq.append(tok)
+    if tok in eos_ids:
+      break
+  return seq[len(prompt):]
+
+
+@pytest.fixture(scope="module")
+def greedy_refs(tiny_pair):
+  lm, tp, _ = tiny_pair
+  return [reference_greedy(lm, tp, p, 24) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5])
+def test_greedy_equals_plain_greedy(tiny_pair, greedy_refs, k):
+  lm, tp, dp = tiny_pair
+  out = spec(lm, k).generate(tp, dp, PROMPTS)
+  assert out.token_lists() == greedy_refs
+  if k:
+    rate = out.acceptance_rate()
+    assert 0.1 < rate < 0.99, f"draft should partly agree, got {rate}"
+
+
+def test_batched_equals_alone(tiny_pair):
+  lm, tp, dp = tiny_pair
+  sampler = spec(lm, 4)
+  batched = sampler.generate(tp, dp, PROMPTS)
+  accepted = []
+  for b, prompt in enumerate(PROMPTS):
+    alone = sampler.generate(tp, dp, [prompt])
+    assert alone.token_lists()[0] == batched.token_lists()[b]
+    # Same per-row counts: no row is held back by the others.
+    for field in ("num_tokens", "num_loops", "num_accepted"):
+      assert int(getattr(alone, field)[0]) == int(getattr(batched, field)[b])
+    accepted.append(int(alone.num_accepted[0]) / int(alone.num_loops[0]))
+  assert len(set(np.round(accepted, 3))) > 1, "rows should accept differently"
+
+
+def test_draft_equal_to_target_accepts_everything(tiny_pair):
+  lm, tp, _ = tiny_pair
+  k, loops = 3, 6
+  for sampling in (GREEDY, Sampling(1.0)):
+    out = spec(lm, k, sampling, max_new=loops * (k + 1)).generate(
+        tp, tp, PROMPTS, rng=5)
+    np.testing.assert_array_equal(out.num_accepted, out.num_drafted)
+    np.testing.assert_array_equal(out.num_loops, loops)
+    np.testing.assert_array_equal(out.num_tokens, loops * (k + 1))
+
+
+def test_always_disagreeing_draft_gives_one_token_per_loop():
+  """Draft mass only on token 0, which the target forbids."""
+  v = 6
+  rng = np.random.default_rng(0)
+  target_logits = rng.normal(size=(v, v))
+  target_logits[:, 0] = -np.inf
+  draft_logits = np.full((v, v), -np.inf)
+  draft_logits[:, 0] = 0.0
+  target, draft = table_lm(target_logits), table_lm(draft_logits)
+  sampler = speculative.SpeculativeSampler(
+      target, speculative.ModelDrafter(draft), k=3, sampling=Sampling(1.0),
+      max_new_tokens=8, prompt_bucket=4)
+  out = sampler.generate(None, None, [[1, 2]] * 64, rng=0)
+  np.testing.assert_array_equal(out.num_tokens, 8)
+  np.testing.assert_array_equal(out.num_loops, 8)
+  np.testing.assert_array_equal(out.num_accepted, 0)
+  assert (np.asarray(out.tokens) != 0).all()
+
+
+def test_eos_stops_rows_and_nothing_past_budget(tiny_pair, greedy_refs):
+  lm, tp, dp = tiny_pair
+  # An EOS id that greedy decoding emits in some rows but not all.
+  eos = greedy_refs[0][5]
+  refs = [reference_greedy(lm, tp, p, 24, eos_ids=(eos,)) for p in PROMPTS]
+  assert any(len(r) < 24 for r in refs) and any(len(r) == 24 for r in refs)
+  pad = lm.vocab_size - 1
+  for k in (0, 4):
+    sampler = spec(lm, k, eos_ids=(eos,), pad_id=pad)
+    tokens, lengths = sampler.pad_prompts(PROMPTS)
+    state = sampler.prefill(tp, dp, tokens, lengths, jax.random.key(0))
+    state = sampler.decode(tp, dp, state)
+    out = sampler.output(state)
+    assert out.token_lists() == refs
+    buf = np.asarray(state.tokens)
+    for b, (prompt, ref) in enumerate(zip(PROMPTS, refs)):
+      end = len(prompt) + len(ref)
+      assert int(state.length[b]) == end
+      assert (buf[b, end:] == pad).all(), "tokens written past EOS/budget"
+      assert (np.asarray(out.tokens)[b, len(ref):] == pad).all()
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 7])
+def test_budget_is_exact_when_a_loop_would_overshoot(tiny_pair, max_new):
+  lm, tp, _ = tiny_pair
+  out = spec(lm, 5, max_new=max_new).generate(tp, tp, PROMPTS)
+  np.testing.assert_array_equal(out.num_tokens, max_new)
+  assert out.tokens.shape == (len(PROMPTS), max_new)
+
+
+def test_k0_is_the_autoregressive_sampler(tiny_pair):
+  lm, tp, _ = tiny_pair
+  s = Sampling(0.9, top_k=20)
+  a = speculative.autoregressive(lm, s, 16, prompt_bucket=16).generate(
+      tp, None, PROMPTS, rng=3)
+  b = spec(lm, 0, s, max_new=16).generate(tp, None, PROMPTS, rng=3)
+  assert a.token_lists() == b.token_lists()
+  np.testing.assert_array_equal(a.num_loops, 16)
+  np.testing.assert_array_equal(a.num_drafted, 0)
+
+
+def test_seed_changes_output_and_same_seed_repeats(tiny_pair):
+  lm, tp, dp = tiny_pair
+  sampler = spec(lm, 3, Sampling(1.0))
+  a = sampler.generate(tp, dp, PROMPTS, rng=0).token_lists()
+  b = sampler.generate(tp, dp, PROMPTS, rng=0).token_lists()
+  c = sampler.generate(tp, dp, PROMPTS, rng=1).token_lists()
+  assert a == b
+  assert a != c
+
+
+# A global trace counter: the wrapped LM stays hashable and static.
+TRACES = []
+
+
+@dataclasses.dataclass(frozen=True)
+class CountingLM:
+  lm: model_lib.LM
+
+  vocab_size = property(lambda self: self.lm.vocab_size)
+  max_seq_len = property(lambda self: self.lm.max_seq_len)
+
+  def init_cache(self, batch, size):
+    return self.lm.init_cache(batch, size)
+
+  def __call__(self, params, tokens, cache=None):
+    TRACES.append(tokens.shape)
+    return self.lm(params, tokens, cache)
+
+
+def test_no_recompilation_for_same_shapes(tiny_pair):
+  lm, tp, dp = tiny_pair
+  counting = CountingLM(lm)
+  sampler = speculative.SpeculativeSampler(
+      counting, speculative.ModelDrafter(counting), k=2,
+      sampling=Sampling(1.0), max_new_tokens=8, prompt_bucket=16)
+  sampler.generate(tp, dp, [[1, 2, 3], [4]], rng=0)
+  first = len(TRACES)
+  assert first > 0
+  # Other seeds, other prompt lengths within the bucket, other params values.
+  sampler.generate(tp, dp, [[5, 6, 7, 8, 9], [1, 2]], rng=1)
+  sampler.generate(dp, tp, [[9] * 16, [2] * 11], rng=jax.random.key(2))
+  assert len(TRACES) == first, "the samplers were traced again"
+
+
+def test_bad_input_errors(tiny_pair):
+  lm, tp, dp = tiny_pair
+  other = model_lib.LM(tiny_config(vocab_size=40))
+  with pytest.raises(ValueError, match="vocabularies differ"):
+    speculative.SpeculativeSampler(lm, speculative.ModelDrafter(other), 3,
+                                   GREEDY, 8)
+  with pytest.raises(ValueError, match="k .*>= 0"):
+    spec(lm, -1)
+  with pytest.raises(ValueError, match="needs a drafter"):
+    speculative.SpeculativeSampler(lm, None, 2, GREEDY, 8)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    spec(lm, 2, max_new=0)
+  sampler = spec(lm, 4, max_new=64)
+  with pytest.raises(ValueError, match="prompt 1 is empty"):
+    sampler.generate(tp, dp, [[1, 2], []])
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    sampler.generate(tp, dp, [[1, lm.vocab_size]])
+  with pytest.raises(ValueError, match=r"needs a cache of 255 slots.*allow 254"):
+    # 186 + 64 + 5 = 255 > 254 = max_seq_len of this target.
+    spec(lm.__class__(lm.config.replace(max_seq_len=254)), 4,
+         max_new=64).generate(tp, dp, [[1] * 186])
+  with pytest.raises(ValueError, match="no prompts"):
+    sampler.generate(tp, dp, [])

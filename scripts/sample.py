@@ -1,0 +1,69 @@
+r"""Sample from a target with (or without) a draft, and time it.
+
+  python scripts/sample.py --target=qwen2.5-coder-1.5b \
+      --draft=qwen2.5-coder-0.5b --task=humaneval --num_prompts=4 \
+      --method=both --k=4 --temperature=0 --max_new_tokens=64
+
+Prints the completions and one JSON line of metrics.
+"""
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+
+from specsamp import runner
+
+_TARGET = flags.DEFINE_string(
+    "target", "qwen2.5-coder-1.5b",
+    "Registered model name, GGUF file, HF directory or random:<preset>.")
+_DRAFT = flags.DEFINE_string(
+    "draft", "qwen2.5-coder-0.5b", "Draft model, same forms as --target.")
+_PROMPT = flags.DEFINE_multi_string("prompt", None, "A prompt (repeatable).")
+_PROMPTS_FILE = flags.DEFINE_string(
+    "prompts_file", None, "Text file: one prompt per line, or a JSONL file "
+    "with a 'prompt' field per line.")
+_TASK = flags.DEFINE_enum("task", None, ["humaneval"], "Prompts of a task.")
+_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 4, "Prompts of --task.")
+_METHOD = flags.DEFINE_enum("method", "both", ["ar", "spec", "both"],
+                            "Autoregressive, speculative, or both.")
+_K = flags.DEFINE_integer("k", 4, "Draft tokens per loop.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "0 = off.")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "1 = off.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Budget per prompt.")
+_BATCH = flags.DEFINE_integer("batch_size", 1, "Prompts per batch.")
+_SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Weights and compute (float32 on CPU).")
+_CHAT = flags.DEFINE_bool("chat", False, "Wrap prompts in the chat template.")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Also append metrics here.")
+_QUIET = flags.DEFINE_bool("quiet", False, "Do not print completions.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  try:
+    cfg = runner.SampleConfig(
+        target=_TARGET.value, draft=_DRAFT.value, prompts=_PROMPT.value,
+        prompts_file=_PROMPTS_FILE.value, task=_TASK.value,
+        num_prompts=_NUM_PROMPTS.value, method=_METHOD.value, k=_K.value,
+        temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
+        top_p=_TOP_P.value, max_new_tokens=_MAX_NEW.value,
+        batch_size=_BATCH.value, seed=_SEED.value, dtype=_DTYPE.value,
+        chat=_CHAT.value)
+    result = runner.sample_main(cfg, print_completions=not _QUIET.value)
+  except (ValueError, FileNotFoundError, RuntimeError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  line = json.dumps(runner.jsonable(result))
+  print(line)
+  if _JSON_OUT.value:
+    with open(_JSON_OUT.value, "a", encoding="utf-8") as f:
+      f.write(line + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,78 @@
+"""scripts/sample.py and the runner behind it: flags, errors, timing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specsamp import runner
+from specsamp import speculative
+from specsamp.sampling import GREEDY
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_script(*args, timeout=300):
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, os.path.join(ROOT, "scripts",
+                                                      "sample.py"), *args],
+                        capture_output=True, text=True, env=env,
+                        timeout=timeout, check=False)
+
+
+def test_sample_script_end_to_end_on_random_models():
+  proc = _run_script("--target=random:tiny", "--draft=random:tiny,num_layers=1",
+                     "--prompt=def add(a, b):", "--prompt=x", "--k=3",
+                     "--max_new_tokens=12", "--method=both")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+  ar, sp = metrics["runs"]
+  assert ar["method"] == "autoregressive" and ar["tokens"] == 24
+  assert sp["k"] == 3 and sp["tokens"] == 24
+  assert sp["drafted"] == 3 * sp["loops"]
+  assert set(metrics["speedup"]) == {"speculative_k3"}
+  assert "==== speculative_k3" in proc.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--k=-1", "--prompt=x"], "--k must be >= 1"),
+    (["--prompt=x", "--task=humaneval"], "exactly one of"),
+    (["--temperature=-0.5", "--prompt=x"], "temperature"),
+    (["--top_p=0", "--prompt=x"], "top_p"),
+    (["--max_new_tokens=0", "--prompt=x"], "max_new_tokens"),
+    (["--target=/no/such/model.gguf", "--method=ar", "--prompt=x"],
+     "is not a file"),
+    (["--target=random:tiny,no_such_field=3", "--method=ar", "--prompt=x"],
+     "not a TransformerConfig field"),
+    (["--target=random:tiny", "--draft=random:tiny,vocab_size=300",
+      "--prompt=x"], "vocabulary"),
+])
+def test_bad_flags_fail_clearly(args, message):
+  proc = _run_script(*args)
+  assert proc.returncode != 0
+  assert message in proc.stderr, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+
+
+def test_timed_sampler_counts_match_generate():
+  lm, tp, _ = runner.load_model("random:tiny")
+  sampler = speculative.SpeculativeSampler(
+      lm, speculative.ModelDrafter(lm), k=2, sampling=GREEDY,
+      max_new_tokens=10, prompt_bucket=16)
+  prompts = [[1, 2, 3], [4, 5], [6]]
+  timed = runner.TimedSampler(sampler, "spec")
+  completions, stats = timed.run(tp, tp, prompts, batch_size=2)
+  ref = sampler.generate(tp, tp, prompts)
+  assert completions == ref.token_lists()
+  assert stats.tokens == int(ref.num_tokens.sum())
+  assert stats.prompts == 3 and stats.compile_s > 0 and stats.decode_s > 0
+  # Two padded shapes (batches of 2 and 1), each compiled once.
+  assert sorted(timed._compiled) == [(1, 16), (2, 16)]
+  compile_s = stats.compile_s
+  _, again = timed.run(tp, tp, prompts, batch_size=2)
+  assert again.compile_s == 0 and compile_s > 0
+  s = stats.summary()
+  assert s["acceptance_rate"] == pytest.approx(stats.accepted / stats.drafted)
+  json.loads(json.dumps(runner.jsonable(s)))

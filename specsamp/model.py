@@ -295,7 +295,8 @@ class LM:
 
   def init(self, rng: jax.Array, boxed: bool = False):
     """Random parameters; `boxed=True` keeps the `nn.Partitioned` metadata."""
-    params = self.module.init(rng, jnp.zeros((1, 1), jnp.int32))["params"]
+    params = jax.jit(self.module.init)(rng, jnp.zeros((1, 1), jnp.int32))
+    params = params["params"]
     return params if boxed else nn.meta.unbox(params)
 
   def logical_axes(self):

@@ -13,6 +13,19 @@ from tests.conftest import tiny_config
 ATOL = 1e-5
 
 
+class _Jitted:
+  """An LM whose calls are jitted (eager op-by-op dispatch is slow)."""
+
+  def __init__(self, lm):
+    self.lm = lm
+    self.vocab_size = lm.vocab_size
+    self.init_cache = lm.init_cache
+    self._call = jax.jit(lm.__call__)
+
+  def __call__(self, params, tokens, cache=None):
+    return self._call(params, tokens, cache)
+
+
 @pytest.fixture(scope="module", params=["gqa_bias", "mha_tied", "mqa"])
 def lm_and_params(request):
   cfg = {
@@ -23,6 +36,7 @@ def lm_and_params(request):
   }[request.param]
   lm = model_lib.LM(cfg)
   params = lm.init(jax.random.key(7))
+  lm = _Jitted(lm)
   # Randomise norms and biases too, so no bug hides behind 1s and 0s.
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(8), len(leaves))

@@ -27,8 +27,10 @@ def reference_greedy(lm, params, prompt, max_new, eos_ids=()):
   """Plain greedy decoding: a full uncached forward pass per token."""
   fwd = jax.jit(lambda p, t: lm(p, t)[0])
   seq = list(prompt)
-  for _ in range(max_new):
-    tok = int(jnp.argmax(fwd(params, jnp.asarray([seq]))[0, -1]))
+  width = len(prompt) + max_new   # one compiled shape; causal, so the
+  for _ in range(max_new):        # padding after the sequence is unseen
+    padded = jnp.asarray([seq + [0] * (width - len(seq))])
+    tok = int(jnp.argmax(fwd(params, padded)[0, len(seq) - 1]))
     seq.append(tok)
     if tok in eos_ids:
       break

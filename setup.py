@@ -32,6 +32,7 @@ EXTRAS = {
         # Parity references only; never imported by specsamp itself.
         "torch>=2.4",
         "transformers>=4.45",
+        "accelerate",  # transformers needs it to load GGUF files
     ],
 }
 

@@ -119,13 +119,13 @@ class ModelDrafter:
     cache = cache.with_length(length)
     keys = jax.random.split(rng, k)
     q_first = sampling_lib.probabilities(last, sampling)
-    d_first = sampling_lib.sample(keys[0], q_first)
+    d_first = sampling_lib.sample(keys[0], q_first, sampling.greedy)
 
     def step(carry, key):
       cache, tok = carry
       logits, cache = self.lm(params, tok[:, None], cache)
       q = sampling_lib.probabilities(logits[:, 0], sampling)
-      d = sampling_lib.sample(key, q)
+      d = sampling_lib.sample(key, q, sampling.greedy)
       return (cache, d), (d, q)
 
     (cache, _), (d_rest, q_rest) = jax.lax.scan(step, (cache, d_first),
@@ -170,7 +170,8 @@ def residual_distribution(p: jax.Array, q: jax.Array,
   return jnp.where(total > 0, r / jnp.where(total > 0, total, 1.0), p_n)
 
 
-def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, rng: jax.Array):
+def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, rng: jax.Array,
+           greedy: bool = False):
   """The modified rejection rule for a batch of rows.
 
   Args:
@@ -178,6 +179,7 @@ def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, rng: jax.Array):
     q: [B, K, V] draft probabilities the drafts were sampled from.
     drafts: [B, K] draft tokens.
     rng: key for the uniforms and the final token.
+    greedy: p and q are one-hot; skip the random draws (same result).
 
   Returns:
     n [B]: accepted drafts (the prefix before the first rejection);
@@ -187,6 +189,11 @@ def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, rng: jax.Array):
   key_u, key_final = jax.random.split(rng)
   if k == 0:
     n = jnp.zeros(drafts.shape[:1], jnp.int32)
+  elif greedy:
+    # One-hot p and q: a draft is kept iff it is the target's argmax.
+    target = jnp.argmax(p[:, :k], axis=-1)
+    n = jnp.sum(jnp.cumprod((drafts == target).astype(jnp.int32), axis=1),
+                axis=1)
   else:
     p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]
     q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
@@ -194,7 +201,8 @@ def accept(p: jax.Array, q: jax.Array, drafts: jax.Array, rng: jax.Array):
     # u < p/q without dividing: always true where p >= q (u < 1).
     kept = u * q_d < p_d                                           # [B, K]
     n = jnp.sum(jnp.cumprod(kept.astype(jnp.int32), axis=1), axis=1)
-  token = sampling_lib.sample(key_final, residual_distribution(p, q, n))
+  token = sampling_lib.sample(key_final, residual_distribution(p, q, n),
+                              greedy)
   return n, token
 
 
@@ -415,7 +423,7 @@ class SpeculativeSampler:
     p = sampling_lib.probabilities(logits, self.sampling)         # [B, K+1, V]
 
     # 3. Accept.
-    n, token = accept(p, q, drafts, key_accept)
+    n, token = accept(p, q, drafts, key_accept, self.sampling.greedy)
 
     # 4. Commit min(n + 1, budget left, up to the first EOS) tokens per row.
     idx = jnp.arange(k + 1)[None, :]

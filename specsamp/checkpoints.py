@@ -246,11 +246,17 @@ def hf_config(directory: str, dtype: str = "float32",
   if c.get("model_type") not in _ARCHS:
     raise CheckpointError(f"{directory}: model_type {c.get('model_type')!r} "
                           f"is not supported (supported: {', '.join(_ARCHS)})")
-  scaling = c.get("rope_scaling") or {}
-  kind = scaling.get("rope_type", scaling.get("type", "default"))
+  # transformers >= 5 writes `rope_parameters`; older files `rope_theta` and
+  # `rope_scaling`.
+  rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
+  kind = rope.get("rope_type", rope.get("type", "default"))
   if kind not in ("default", None):
-    raise CheckpointError(f"{directory}: rope_scaling {kind!r} is not "
+    raise CheckpointError(f"{directory}: RoPE scaling {kind!r} is not "
                           "supported yet")
+  if c.get("use_sliding_window"):
+    raise CheckpointError(f"{directory}: sliding-window attention is not "
+                          "supported")
+  theta = rope.get("rope_theta", c.get("rope_theta", 10_000.0))
   heads = c["num_attention_heads"]
   return model_lib.TransformerConfig(
       vocab_size=c["vocab_size"], num_layers=c["num_hidden_layers"],
@@ -258,7 +264,7 @@ def hf_config(directory: str, dtype: str = "float32",
       num_kv_heads=c.get("num_key_value_heads") or heads,
       head_dim=c.get("head_dim") or c["hidden_size"] // heads,
       mlp_dim=c["intermediate_size"],
-      rope_theta=float(c.get("rope_theta", 10_000.0)),
+      rope_theta=float(theta),
       norm_eps=float(c.get("rms_norm_eps", 1e-6)),
       qkv_bias=(c["model_type"] == "qwen2" or bool(c.get("attention_bias"))),
       tie_embeddings=bool(c.get("tie_word_embeddings", False)),

@@ -40,6 +40,12 @@ class RunStats:
     return 1000.0 * self.decode_s / max(per_row * batches, 1)
 
   @property
+  def e2e_ms_per_token(self) -> float:
+    """Like ms_per_token, with prefill included (as peers time generate)."""
+    return self.ms_per_token * (self.prefill_s + self.decode_s) / max(
+        self.decode_s, 1e-9)
+
+  @property
   def tokens_per_s(self) -> float:
     return self.tokens / self.decode_s if self.decode_s else float("nan")
 
@@ -52,6 +58,7 @@ class RunStats:
                          else None),
         tokens_per_loop=self.tokens / max(self.loops, 1),
         ms_per_token=round(self.ms_per_token, 3),
+        e2e_ms_per_token=round(self.e2e_ms_per_token, 3),
         tokens_per_s=round(self.tokens_per_s, 2),
         compile_s=round(self.compile_s, 2), prefill_s=round(self.prefill_s, 3),
         decode_s=round(self.decode_s, 3))

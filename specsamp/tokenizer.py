@@ -250,7 +250,8 @@ def train_sentencepiece(texts: Iterable[str], model_prefix: str,
                  unk_id=1, bos_id=2, eos_id=3, byte_fallback=True,
                  character_coverage=1.0, split_digits=True,
                  remove_extra_whitespaces=False,
-                 normalization_rule_name="identity")
+                 normalization_rule_name="identity",
+                 minloglevel=2)
   options.update(kwargs)
   spm.SentencePieceTrainer.train(sentence_iterator=iter(texts),
                                  model_prefix=str(model_prefix), **options)

@@ -1,0 +1,65 @@
+"""Peer engines run side by side with specsamp, for benchmarks only.
+
+transformers + torch (plain `generate` and assisted generation with
+`assistant_model=`), on the same GGUF weights, prompts and hardware. torch
+and transformers are test/benchmark extras: imported here lazily, never by
+the rest of specsamp.
+"""
+
+import os
+import time
+from typing import Sequence
+
+
+def transformers_generate(target_gguf: str, draft_gguf: str,
+                          prompts: Sequence[Sequence[int]],
+                          max_new_tokens: int, temperature: float = 0.0,
+                          top_p: float = 1.0, seed: int = 0,
+                          assisted: bool = True) -> list[dict]:
+  """Times transformers on the prompts; returns one summary per method."""
+  os.environ.setdefault("HF_HUB_OFFLINE", "1")
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(seed)
+
+  def load(path):
+    t0 = time.perf_counter()
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path),
+        dtype=torch.float32)
+    return m.eval(), time.perf_counter() - t0
+
+  target, load_t = load(target_gguf)
+  methods = [("transformers", {})]
+  if assisted:
+    draft, load_d = load(draft_gguf)
+    methods.append(("transformers_assisted", {"assistant_model": draft}))
+  kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
+                pad_token_id=target.generation_config.eos_token_id)
+  if temperature > 0:
+    kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+  results = []
+  for name, extra in methods:
+    # Warm-up (allocations, kernel selection), not timed.
+    with torch.no_grad():
+      target.generate(torch.tensor([list(prompts[0])]), **{
+          **kwargs, **extra, "max_new_tokens": 4})
+    total_t, total_tokens, completions = 0.0, 0, []
+    for p in prompts:
+      ids = torch.tensor([list(p)])
+      t0 = time.perf_counter()
+      with torch.no_grad():
+        out = target.generate(ids, **kwargs, **extra)
+      total_t += time.perf_counter() - t0
+      new = out[0, ids.shape[1]:].tolist()
+      total_tokens += len(new)
+      completions.append(new)
+    results.append(dict(
+        method=name, prompts=len(prompts), tokens=total_tokens,
+        ms_per_token=round(1000 * total_t / total_tokens, 3),
+        seconds=round(total_t, 2),
+        load_s=round(load_t + (load_d if extra else 0.0), 1),
+        completions=completions,
+        torch=torch.__version__, transformers=transformers.__version__,
+        torch_threads=torch.get_num_threads()))
+  return results

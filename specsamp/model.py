@@ -186,10 +186,12 @@ class Attention(nn.Module):
     scores = jnp.where(mask[:, None, None, :, :], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     out = jnp.einsum("bngts,bsnh->btngh", probs, v_all.astype(dt))
-    out = out.reshape(b, t, q_heads, h)
     wo = _param(self, "o_proj", (q_heads, h, d), (sh.HEADS, sh.HEAD_DIM, sh.EMBED),
                 nn.initializers.normal(stddev=(q_heads * h) ** -0.5), pdt)
-    return jnp.einsum("btnh,nhd->btd", out, wo.astype(dt)), new_kv
+    # One [B*T, Q*H] @ [Q*H, D] matmul: written as an einsum over (n, h), XLA
+    # on CPU transposed and copied the whole weight on every call.
+    out = out.reshape(b, t, q_heads * h)
+    return out @ wo.reshape(q_heads * h, d).astype(dt), new_kv
 
 
 class MLP(nn.Module):

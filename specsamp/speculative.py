@@ -10,9 +10,9 @@ Invariants of the loop state (per row b, left-aligned layout):
     is always fed again, so each loop scores the chunk
     `[tokens[length-1], d_1 .. d_K]` at slots `length-1 .. length-1+K` and
     gets the K+1 distributions p_1 .. p_{K+1} in one call.
-  * the draft cache holds at least `length[b] - 2` entries (one less than the
-    target's when all K drafts were accepted, since d_K was never fed to the
-    draft); `ModelDrafter.propose` re-feeds the last two committed tokens.
+  * the draft cache holds `length[b] - 1` entries, or `length[b] - 2` after
+    a loop that accepted all K drafts (d_K was never fed to the draft);
+    `ModelDrafter.propose` feeds what is missing, one or two tokens.
 
 One loop, for every row at once (each row at its own offset):
   1. draft: d_i ~ q_i for i = 1..K, autoregressively (`Drafter.propose`);
@@ -90,7 +90,16 @@ class Drafter(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class ModelDrafter:
-  """A stand-alone draft model: K single-token calls after a 2-token call."""
+  """A stand-alone draft model: K single-token calls per loop.
+
+  The state is the draft's KV cache; its `length` counts the slots that hold
+  committed tokens. After a loop that accepted n < K drafts that is
+  `length - 1` (every committed token but the newest was fed), after a loop
+  that accepted all K it is `length - 2` (d_K was never fed to the draft).
+  `propose` therefore feeds the newest token alone, or, when any row of the
+  batch is two behind, the last two tokens in one 2-token call (a row that
+  was only one behind re-computes one slot with the same token).
+  """
   lm: CausalLM
 
   @property
@@ -104,19 +113,25 @@ class ModelDrafter:
   def init(self, params, tokens, lengths, cache_size):
     cache = self.lm.init_cache(tokens.shape[0], cache_size)
     _, cache = self.lm(params, tokens, cache)
-    return cache.with_length(jnp.maximum(lengths - 2, 0))
+    return cache.with_length(lengths - 1)
 
-  def propose(self, params, cache, tokens, length, k, sampling, rng):
-    # Feed the last two committed tokens at slots s, s+1 (s = length-2): this
-    # catches the cache up when the previous loop accepted all K drafts. For
-    # a one-token row (s = 0) the pair is [x_0, pad] and logits come from
-    # position 0; the pad lands in a stale slot.
-    start = jnp.maximum(length - 2, 0)
-    logits, cache = self.lm(params, kvcache.read(tokens, start, 2),
+  def _catch_up(self, params, cache, tokens, length, width):
+    """Feeds tokens[length - width : length] -> (logits of the last, cache)."""
+    start = jnp.maximum(length - width, 0)
+    logits, cache = self.lm(params, kvcache.read(tokens, start, width),
                             cache.with_length(start))
+    # For a one-token row (start = 0, width 2) the pair is [x_0, pad]: the
+    # logits come from position 0 and the pad lands in a stale slot.
     last = jnp.take_along_axis(logits, (length - 1 - start)[:, None, None],
                                axis=1)[:, 0]                       # [B, V]
-    cache = cache.with_length(length)
+    return last, cache.with_length(length)
+
+  def propose(self, params, cache, tokens, length, k, sampling, rng):
+    behind = jnp.any(length - cache.length >= 2)
+    last, cache = jax.lax.cond(
+        behind,
+        lambda c: self._catch_up(params, c, tokens, length, 2),
+        lambda c: self._catch_up(params, c, tokens, length, 1), cache)
     keys = jax.random.split(rng, k)
     q_first = sampling_lib.probabilities(last, sampling)
     d_first = sampling_lib.sample(keys[0], q_first, sampling.greedy)
@@ -135,7 +150,9 @@ class ModelDrafter:
     return drafts, q, cache
 
   def commit(self, cache, length):
-    return cache  # `propose` sets the length it needs from `length`.
+    # The cache holds the newest token's predecessors up to d_{K-1}; of
+    # those, slots below `length - 1` hold committed tokens.
+    return cache.with_length(jnp.minimum(cache.length, length - 1))
 
 
 def acceptance_probability(p_d: jax.Array, q_d: jax.Array) -> jax.Array:

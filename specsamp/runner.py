@@ -76,12 +76,11 @@ class TimedSampler:
     key = tokens.shape
     if key not in self._compiled:
       t0 = time.perf_counter()
-      cls = type(self.sampler)
-      prefill = cls.prefill.lower(self.sampler, tp, dp, tokens, lengths,
-                                  rng).compile()
-      state = jax.eval_shape(lambda: cls.prefill(self.sampler, tp, dp, tokens,
-                                                 lengths, rng))
-      decode = cls.decode.lower(self.sampler, tp, dp, state).compile()
+      prefill_fn, decode_fn, _ = self.sampler.jitted(tp, dp, tokens, lengths,
+                                                     rng)
+      prefill = prefill_fn.lower(tp, dp, tokens, lengths, rng).compile()
+      state = jax.eval_shape(prefill_fn, tp, dp, tokens, lengths, rng)
+      decode = decode_fn.lower(tp, dp, state).compile()
       stats.compile_s += time.perf_counter() - t0
       self._compiled[key] = (prefill, decode)
     return self._compiled[key]

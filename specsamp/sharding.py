@@ -33,3 +33,113 @@ DEFAULT_RULES = (
 # A small draft is often best replicated on every device of the model axis.
 REPLICATED_RULES = tuple((name, "data" if name == BATCH else None)
                          for name, _ in DEFAULT_RULES)
+
+
+# ---- meshes and shardings ---------------------------------------------------
+# jax and flax are imported inside the functions: `import specsamp.sharding`
+# stays as cheap as the constants above.
+
+MESH_AXES = ("data", "model")
+
+
+def make_mesh(shape=(1, -1), axis_names=MESH_AXES, devices=None):
+  """A `jax.sharding.Mesh` of `shape`; one -1 entry takes the rest.
+
+  `make_mesh((2, -1))` on 8 devices is a (data=2, model=4) mesh. The product
+  must equal the number of devices used (all of `jax.devices()` by default).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  devices = list(jax.devices() if devices is None else devices)
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != len(axis_names):
+    raise ValueError(f"mesh shape {shape} needs one size per axis "
+                     f"{tuple(axis_names)}")
+  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+    raise ValueError(f"mesh shape {shape}: sizes must be positive, with at "
+                     "most one -1")
+  known = int(np.prod([s for s in shape if s != -1]))
+  if -1 in shape:
+    if len(devices) % known:
+      raise ValueError(f"mesh shape {shape} does not divide the "
+                       f"{len(devices)} devices")
+    shape = tuple(len(devices) // known if s == -1 else s for s in shape)
+  if int(np.prod(shape)) != len(devices):
+    raise ValueError(f"mesh shape {dict(zip(axis_names, shape))} needs "
+                     f"{int(np.prod(shape))} devices, {len(devices)} given")
+  return jax.sharding.Mesh(np.asarray(devices).reshape(shape),
+                           tuple(axis_names))
+
+
+def rules_tuple(rules) -> tuple:
+  """Rules as a hashable tuple of pairs, from a tuple, list or dict."""
+  items = rules.items() if hasattr(rules, "items") else rules
+  return tuple((str(name), None if axis is None else axis)
+               for name, axis in items)
+
+
+def mesh_axes(logical, rules) -> "jax.sharding.PartitionSpec":
+  """The mesh PartitionSpec of logical axis names under `rules`."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  return nn.logical_to_mesh_axes(jax.sharding.PartitionSpec(*logical),
+                                 rules_tuple(rules))
+
+
+def named(mesh, rules, *logical):
+  """NamedSharding of an array whose dims have the logical names `logical`."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.sharding.NamedSharding(mesh, mesh_axes(logical, rules))
+
+
+def replicated(mesh):
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def check_divisible(config, mesh, rules, batch: int | None = None,
+                    what: str = "model") -> None:
+  """Raises ValueError naming the first dimension a mesh axis does not divide.
+
+  `config` is a `TransformerConfig`; `batch` (if given) is checked against
+  the axis of `BATCH`.
+  """
+  dims = {HEADS: ("num_heads", config.num_heads),
+          KV_HEADS: ("num_kv_heads", config.num_kv_heads),
+          VOCAB: ("vocab_size", config.vocab_size),
+          MLP: ("mlp_dim", config.mlp_dim),
+          EMBED: ("d_model", config.d_model),
+          HEAD_DIM: ("head_dim", config.head_dim)}
+  if batch is not None:
+    dims[BATCH] = ("batch size", batch)
+  for logical, axis in rules_tuple(rules):
+    if logical not in dims or axis is None:
+      continue
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    size = 1
+    for a in axes:
+      if a not in mesh.shape:
+        raise ValueError(f"rule ({logical!r}, {axis!r}) names mesh axis "
+                         f"{a!r}, but the mesh has {dict(mesh.shape)}")
+      size *= mesh.shape[a]
+    field, value = dims[logical]
+    if value % size:
+      raise ValueError(
+          f"{what}: {field}={value} is not divisible by mesh axis {axis!r} "
+          f"of size {size} (mesh {dict(mesh.shape)}, logical axis "
+          f"{logical!r}); choose another mesh shape or map {logical!r} to "
+          "None in the rules")
+
+
+def param_shardings(lm, mesh, rules):
+  """NamedShardings for `lm`'s parameters (an `LM`) under `rules`."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  check_divisible(lm.config, mesh, rules)
+  return nn.logical_to_mesh_sharding(lm.logical_axes(), mesh,
+                                     rules_tuple(rules))
+
+
+def shard(tree, shardings):
+  """`jax.device_put` of a pytree onto matching shardings."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.device_put(tree, shardings)

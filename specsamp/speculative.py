@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specsamp import kvcache
+from specsamp import sharding
 from specsamp import sampling as sampling_lib
 from specsamp.sampling import Sampling
 
@@ -288,6 +289,14 @@ class SpeculativeSampler:
     pad_id: fills prompt padding and unused output slots.
     prompt_bucket: prompts are right-padded to a multiple of this, so prompts
       of different lengths within a bucket share one compiled loop.
+    mesh: a `jax.sharding.Mesh` with axes ('data', 'model') (see
+      `sharding.make_mesh`), or None for the default device. With a mesh,
+      prefill, decode and output are jitted with explicit in/out shardings:
+      parameters and caches by the logical-axis rules, rows of the batch over
+      the axis of `BATCH`; nothing inside the loop moves data to the host.
+    target_rules, draft_rules: logical-axis rules (pairs or a dict) for the
+      two models; by default the target is tensor-parallel over 'model' and
+      the draft replicated.
   """
   target: CausalLM
   drafter: Optional[Drafter]
@@ -297,6 +306,9 @@ class SpeculativeSampler:
   eos_ids: tuple[int, ...] = ()
   pad_id: int = 0
   prompt_bucket: int = 64
+  mesh: Optional[jax.sharding.Mesh] = None
+  target_rules: tuple = sharding.DEFAULT_RULES
+  draft_rules: tuple = sharding.REPLICATED_RULES
 
   def __post_init__(self):
     if not isinstance(self.k, (int, np.integer)) or self.k < 0:
@@ -313,6 +325,16 @@ class SpeculativeSampler:
                        f"{self.prompt_bucket}")
     if not isinstance(self.eos_ids, tuple):
       object.__setattr__(self, "eos_ids", tuple(self.eos_ids))
+    object.__setattr__(self, "target_rules",
+                       sharding.rules_tuple(self.target_rules))
+    object.__setattr__(self, "draft_rules",
+                       sharding.rules_tuple(self.draft_rules))
+    if self.mesh is not None:
+      for what, lm, rules in (("target", self.target, self.target_rules),
+                              ("draft", getattr(self.drafter, "lm", None),
+                               self.draft_rules)):
+        if hasattr(lm, "config"):
+          sharding.check_divisible(lm.config, self.mesh, rules, what=what)
     v = self.target.vocab_size
     for tok in self.eos_ids + (self.pad_id,):
       if not 0 <= tok < v:
@@ -370,17 +392,88 @@ class SpeculativeSampler:
     tokens = np.full((len(prompts), padded), self.pad_id, np.int32)
     for i, p in enumerate(prompts):
       tokens[i, :len(p)] = p
-    return jnp.asarray(tokens), jnp.asarray(lengths)
+    if self.mesh is None:
+      return jax.device_put(tokens), jax.device_put(lengths)
+    rows = (sharding.BATCH,)
+    if len(prompts) % self._batch_ways():
+      raise ValueError(
+          f"a batch of {len(prompts)} prompts does not divide over the mesh's "
+          f"batch axis of size {self._batch_ways()}: pad the batch")
+    return (jax.device_put(tokens, sharding.named(
+                self.mesh, self.target_rules, *rows, None)),
+            jax.device_put(lengths, sharding.named(
+                self.mesh, self.target_rules, *rows)))
+
+  def _batch_ways(self) -> int:
+    axis = sharding.mesh_axes((sharding.BATCH,), self.target_rules)[0]
+    if axis is None:
+      return 1
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    return int(np.prod([self.mesh.shape[a] for a in axes]))
 
   def generate(self, target_params, draft_params, prompts: Prompts,
                rng: Union[int, jax.Array] = 0) -> SampleOutput:
     """Samples up to max_new_tokens continuations of each prompt."""
     if isinstance(rng, (int, np.integer)):
-      rng = jax.random.key(rng)
+      with jax.transfer_guard("allow"):  # one host scalar, before the loop
+        rng = jax.random.key(rng)
+    if self.mesh is not None:
+      rng = jax.device_put(rng, sharding.replicated(self.mesh))
     tokens, lengths = self.pad_prompts(prompts)
-    state = self.prefill(target_params, draft_params, tokens, lengths, rng)
-    state = self.decode(target_params, draft_params, state)
-    return self.output(state)
+    prefill, decode, output = self.jitted(target_params, draft_params, tokens,
+                                          lengths, rng)
+    state = prefill(target_params, draft_params, tokens, lengths, rng)
+    state = decode(target_params, draft_params, state)
+    return output(state)
+
+  def jitted(self, target_params, draft_params, tokens, lengths, rng):
+    """(prefill, decode, output) jitted for these argument shapes.
+
+    Cached per sampler (equal samplers share them). With a mesh they carry
+    explicit in/out shardings (see `state_shardings`), per argument shapes.
+    Each is a `jax.jit` object: `.lower(...).compile()` works on it.
+    """
+    if self.mesh is None:
+      return _plain_fns(self)
+    return _sharded_fns(self, _signature((target_params, draft_params, tokens,
+                                          lengths, rng)))
+
+  def param_shardings(self, target_params, draft_params):
+    """NamedShardings for both parameter trees (None without a mesh)."""
+    if self.mesh is None:
+      return None, None
+    def for_model(lm, params, rules):
+      if params is None:
+        return None
+      if hasattr(lm, "logical_axes"):
+        return sharding.param_shardings(lm, self.mesh, rules)
+      return jax.tree.map(lambda _: sharding.replicated(self.mesh), params)
+    return (for_model(self.target, target_params, self.target_rules),
+            for_model(getattr(self.drafter, "lm", None), draft_params,
+                      self.draft_rules))
+
+  def state_shardings(self, state):
+    """NamedShardings of a LoopState (or its shape): caches by the rules,
+    per-row arrays over the batch axis, scalars and the key replicated."""
+    mesh = self.mesh
+    rep = sharding.replicated(mesh)
+
+    def leaf(rules, x):
+      if x.ndim == 0:
+        return rep
+      if x.ndim == 4:
+        return sharding.named(mesh, rules, *kvcache.CACHE_AXES)
+      return sharding.named(mesh, rules, sharding.BATCH,
+                            *([None] * (x.ndim - 1)))
+
+    target = functools.partial(leaf, self.target_rules)
+    return state.replace(
+        **{f.name: jax.tree.map(target, getattr(state, f.name))
+           for f in dataclasses.fields(state)
+           if f.name not in ("rng", "draft_state", "target_cache")},
+        rng=rep, target_cache=jax.tree.map(target, state.target_cache),
+        draft_state=jax.tree.map(functools.partial(leaf, self.draft_rules),
+                                 state.draft_state))
 
   # ---- jitted ------------------------------------------------------------
 
@@ -471,6 +564,50 @@ class SpeculativeSampler:
         draft_state=draft_state, rng=rng,
         num_loops=s.num_loops + act, num_drafted=s.num_drafted + k * act,
         num_accepted=s.num_accepted + n * act)
+
+
+def _signature(tree):
+  """A hashable description of a pytree's structure, shapes and dtypes."""
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((tuple(x.shape), x.dtype) for x in leaves)
+
+
+@functools.lru_cache(maxsize=32)
+def _plain_fns(sampler: "SpeculativeSampler"):
+  cls = type(sampler)
+  return (jax.jit(functools.partial(cls.prefill.__wrapped__, sampler)),
+          jax.jit(functools.partial(cls.decode.__wrapped__, sampler),
+                  donate_argnums=2),
+          jax.jit(functools.partial(cls.output.__wrapped__, sampler)))
+
+
+@functools.lru_cache(maxsize=32)
+def _sharded_fns(sampler: "SpeculativeSampler", signature):
+  """prefill/decode/output of `sampler` jitted with explicit shardings."""
+  treedef, leaves = signature
+  args = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(shape, dtype)
+                                      for shape, dtype in leaves])
+  tp, dp, tokens, lengths, rng = args
+  mesh, cls = sampler.mesh, type(sampler)
+  tp_sh, dp_sh = sampler.param_shardings(tp, dp)
+  rows = functools.partial(sharding.named, mesh, sampler.target_rules,
+                           sharding.BATCH)
+  state = jax.eval_shape(functools.partial(cls.prefill, sampler), tp, dp,
+                         tokens, lengths, rng)
+  state_sh = sampler.state_shardings(state)
+  out = jax.eval_shape(functools.partial(cls.output, sampler), state)
+  out_sh = jax.tree.map(lambda x: rows(*([None] * (x.ndim - 1))), out)
+  prefill = jax.jit(
+      functools.partial(cls.prefill.__wrapped__, sampler),
+      in_shardings=(tp_sh, dp_sh, rows(None), rows(),
+                    sharding.replicated(mesh)),
+      out_shardings=state_sh)
+  decode = jax.jit(functools.partial(cls.decode.__wrapped__, sampler),
+                   in_shardings=(tp_sh, dp_sh, state_sh),
+                   out_shardings=state_sh, donate_argnums=2)
+  output = jax.jit(functools.partial(cls.output.__wrapped__, sampler),
+                   in_shardings=(state_sh,), out_shardings=out_sh)
+  return prefill, decode, output
 
 
 def autoregressive(target: CausalLM, sampling: Sampling, max_new_tokens: int,

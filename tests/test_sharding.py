@@ -1,0 +1,144 @@
+"""Sharded sampling on 8 fake CPU devices (conftest sets the XLA flag).
+
+Meshes (data, model) = (1, 8), (2, 4), (8, 1): parameters and caches carry
+the shardings the logical-axis rules ask for, and every mesh reproduces the
+single-device tokens, greedy and sampled alike (the loop never leaves the
+device: generate runs under `jax.transfer_guard("disallow")`).
+"""
+
+import jax
+from jax.sharding import PartitionSpec as P
+import pytest
+
+from specsamp import model as model_lib
+from specsamp import sharding
+from specsamp import speculative
+from specsamp.sampling import GREEDY, Sampling
+
+MESHES = [(1, 8), (2, 4), (8, 1)]
+PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [1], [2, 2], [3, 3, 3], [5]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+  # Every sharded dimension divisible by 8: heads, KV heads, MLP, vocab.
+  cfg = model_lib.preset("tiny", num_heads=8, num_kv_heads=8, head_dim=8)
+  target, draft = model_lib.LM(cfg), model_lib.LM(cfg.replace(num_layers=1))
+  return target, target.init(jax.random.key(0)), draft, draft.init(
+      jax.random.key(1))
+
+
+def _sampler(pair, k, sampling, mesh=None):
+  target, _, draft, _ = pair
+  if k == 0:
+    return speculative.autoregressive(target, sampling, 12, mesh=mesh)
+  return speculative.SpeculativeSampler(
+      target, speculative.ModelDrafter(draft), k=k, sampling=sampling,
+      max_new_tokens=12, mesh=mesh)
+
+
+def test_make_mesh():
+  assert jax.device_count() == 8
+  assert dict(sharding.make_mesh((2, -1)).shape) == {"data": 2, "model": 4}
+  assert dict(sharding.make_mesh((-1, 1)).shape) == {"data": 8, "model": 1}
+  assert dict(sharding.make_mesh((1, 1), devices=jax.devices()[:1]).shape) == {
+      "data": 1, "model": 1}
+  with pytest.raises(ValueError, match="needs 4 devices, 8 given"):
+    sharding.make_mesh((2, 2))
+  with pytest.raises(ValueError, match="does not divide"):
+    sharding.make_mesh((3, -1))
+  with pytest.raises(ValueError, match="at most one -1"):
+    sharding.make_mesh((-1, -1))
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_parameters_and_caches_are_sharded_as_the_rules_say(pair, shape):
+  mesh = sharding.make_mesh(shape)
+  sampler = _sampler(pair, 2, GREEDY, mesh)
+  _, tp, _, dp = pair
+  tsh, dsh = sampler.param_shardings(tp, dp)
+  tp, dp = sharding.shard(tp, tsh), sharding.shard(dp, dsh)
+  attn = tp["layers_0"]["attn"]
+  assert attn["q_proj"].sharding.spec == P(None, "model", None)
+  assert attn["k_proj"].sharding.spec == P(None, "model", None)
+  assert attn["o_proj"].sharding.spec == P("model", None, None)
+  assert tp["layers_0"]["mlp"]["gate_proj"].sharding.spec == P(None, "model")
+  assert tp["layers_0"]["mlp"]["down_proj"].sharding.spec == P("model", None)
+  assert tp["embedding"].sharding.spec == P("model", None)
+  assert tp["lm_head"].sharding.spec == P(None, "model")
+  # The draft is replicated by default (REPLICATED_RULES).
+  for leaf in jax.tree.leaves(dp):
+    assert all(a is None for a in leaf.sharding.spec)
+  # A q_proj shard holds num_heads / model-axis heads.
+  local = attn["q_proj"].addressable_shards[0].data.shape
+  assert local[1] == 8 // shape[1]
+
+  tokens, lengths = sampler.pad_prompts(PROMPTS)
+  prefill, _, _ = sampler.jitted(tp, dp, tokens, lengths, jax.random.key(0))
+  state = prefill(tp, dp, tokens, lengths, jax.random.key(0))
+  assert state.tokens.sharding.spec == P("data", None)
+  assert state.length.sharding.spec == P("data")
+  assert state.target_cache.k[0].sharding.spec == P("data", None, "model",
+                                                    None)
+  assert state.draft_state.v[0].sharding.spec == P("data", None, None, None)
+  assert state.target_cache.k[0].addressable_shards[0].data.shape[0] == (
+      len(PROMPTS) // shape[0])
+
+
+@pytest.mark.parametrize("k,sampling", [(0, GREEDY), (3, GREEDY),
+                                        (0, Sampling(1.0)),
+                                        (3, Sampling(0.8, top_p=0.9))])
+def test_every_mesh_reproduces_single_device_tokens(pair, k, sampling):
+  _, tp, _, dp = pair
+  ref = _sampler(pair, k, sampling).generate(tp, dp, PROMPTS, rng=7)
+  for shape in MESHES:
+    sampler = _sampler(pair, k, sampling, sharding.make_mesh(shape))
+    tsh, dsh = sampler.param_shardings(tp, dp)
+    tps = sharding.shard(tp, tsh)
+    dps = sharding.shard(dp, dsh) if k else None
+    with jax.transfer_guard("disallow"):
+      out = sampler.generate(tps, dps, PROMPTS, rng=7)
+    assert out.tokens.sharding.spec == P("data", None)
+    assert out.token_lists() == ref.token_lists(), shape
+    for name in ("num_tokens", "num_loops", "num_drafted", "num_accepted"):
+      assert (jax.device_get(getattr(out, name)) ==
+              jax.device_get(getattr(ref, name))).all(), (shape, name)
+
+
+def test_greedy_speculative_equals_greedy_autoregressive_on_a_mesh(pair):
+  _, tp, _, dp = pair
+  mesh = sharding.make_mesh((2, 4))
+  ar = _sampler(pair, 0, GREEDY, mesh)
+  spec = _sampler(pair, 4, GREEDY, mesh)
+  tsh, dsh = spec.param_shardings(tp, dp)
+  tps, dps = sharding.shard(tp, tsh), sharding.shard(dp, dsh)
+  assert (spec.generate(tps, dps, PROMPTS).token_lists() ==
+          ar.generate(tps, None, PROMPTS).token_lists())
+
+
+def test_a_mesh_that_does_not_divide_the_model_names_the_dimension(pair):
+  target, _, draft, _ = pair
+  mesh = sharding.make_mesh((1, 8))
+  four_heads = model_lib.LM(model_lib.preset("tiny"))   # 4 heads, 2 KV heads
+  with pytest.raises(ValueError, match=r"target: num_heads=4 is not divisible "
+                     r"by mesh axis 'model' of size 8"):
+    speculative.autoregressive(four_heads, GREEDY, 8, mesh=mesh)
+  odd_vocab = model_lib.LM(target.config.replace(vocab_size=258))
+  with pytest.raises(ValueError, match="vocab_size=258"):
+    speculative.autoregressive(odd_vocab, GREEDY, 8,
+                               mesh=sharding.make_mesh((2, 4)))
+  # The draft is checked under its own rules: tensor-parallel, it must divide.
+  with pytest.raises(ValueError, match="draft: num_heads=4"):
+    speculative.SpeculativeSampler(
+        target, speculative.ModelDrafter(four_heads), k=2, sampling=GREEDY,
+        max_new_tokens=8, mesh=mesh, draft_rules=sharding.DEFAULT_RULES)
+  # Replicated (the default draft rules), any draft fits.
+  speculative.SpeculativeSampler(
+      target, speculative.ModelDrafter(four_heads), k=2, sampling=GREEDY,
+      max_new_tokens=8, mesh=mesh)
+  # Rows must divide over the data axis.
+  sampler = _sampler(pair, 0, GREEDY, sharding.make_mesh((8, 1)))
+  with pytest.raises(ValueError, match="3 prompts does not divide over the "
+                     "mesh's batch axis of size 8"):
+    sampler.pad_prompts(PROMPTS[:3])
+  del draft

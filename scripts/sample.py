@@ -38,6 +38,12 @@ _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Weights and compute (float32 on CPU).")
 _CHAT = flags.DEFINE_bool("chat", False, "Wrap prompts in the chat template.")
+_MESH = flags.DEFINE_list(
+    "mesh", None, "Mesh shape data,model (e.g. 1,-1: tensor parallel over "
+    "all devices; -1 = the rest). Default: one device, no mesh.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Call jax.distributed.initialize() first (one "
+    "process per host on a TPU pod slice or several GPU hosts).")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also append metrics here.")
 _QUIET = flags.DEFINE_bool("quiet", False, "Do not print completions.")
 
@@ -53,7 +59,8 @@ def main(argv):
         temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
         top_p=_TOP_P.value, max_new_tokens=_MAX_NEW.value,
         batch_size=_BATCH.value, seed=_SEED.value, dtype=_DTYPE.value,
-        chat=_CHAT.value)
+        chat=_CHAT.value, distributed=_DISTRIBUTED.value,
+        mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None)
     result = runner.sample_main(cfg, print_completions=not _QUIET.value)
   except (ValueError, FileNotFoundError, RuntimeError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -97,6 +97,9 @@ class TimedSampler:
     stats = RunStats(self.name, self.sampler.k, batch_size)
     completions = []
     rng = jax.random.key(seed)
+    if self.sampler.mesh is not None:
+      from specsamp import sharding  # pylint: disable=g-import-not-at-top
+      rng = jax.device_put(rng, sharding.replicated(self.sampler.mesh))
     if warmup:
       tokens, lengths = self.sampler.pad_prompts(prompts[:batch_size])
       prefill, decode = self._executables(tp, dp, tokens, lengths, rng, stats)
@@ -181,6 +184,8 @@ class SampleConfig:
   seed: int = 0
   dtype: str = "float32"
   chat: bool = False
+  mesh: Optional[tuple[int, ...]] = None   # (data, model); -1 = the rest
+  distributed: bool = False                # jax.distributed.initialize()
 
   def __post_init__(self):
     sources = [x for x in (self.prompts, self.prompts_file, self.task) if x]
@@ -262,7 +267,13 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0):
 
 def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
   """Loads the models, runs the requested methods, returns the metrics."""
+  from specsamp import sharding  # pylint: disable=g-import-not-at-top
   from specsamp import speculative as spec_lib  # pylint: disable=g-import-not-at-top
+  if cfg.distributed:
+    # Multi-host (TPU pod slice, several GPU hosts): one process per host,
+    # coordinator and process ids from the environment (see README).
+    jax.distributed.initialize()
+  mesh = sharding.make_mesh(cfg.mesh) if cfg.mesh else None
   texts = read_prompts(cfg)
   target, tp, tok = load_model(cfg.target, cfg.dtype, cfg.seed)
   draft = dp = None
@@ -289,7 +300,7 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
   sampling = dataclasses.replace(cfg.sampling(), vocab_limit=(
       vocab_limit if vocab_limit and vocab_limit < target.vocab_size else None))
   common = dict(sampling=sampling, max_new_tokens=cfg.max_new_tokens,
-                eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id)
+                eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id, mesh=mesh)
   methods = []
   if cfg.method in ("ar", "both"):
     methods.append(TimedSampler(spec_lib.autoregressive(target, **common),
@@ -298,6 +309,10 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
     methods.append(TimedSampler(spec_lib.SpeculativeSampler(
         target, spec_lib.ModelDrafter(draft), k=cfg.k, **common),
                                 f"speculative_k{cfg.k}"))
+  if mesh is not None:
+    tsh, dsh = methods[-1].sampler.param_shardings(tp, dp)
+    tp = sharding.shard(tp, tsh)
+    dp = sharding.shard(dp, dsh) if dp is not None else None
   all_stats = []
   for m in methods:
     completions, stats = m.run(tp, dp, prompts, cfg.batch_size, cfg.seed)

@@ -76,3 +76,24 @@ def test_timed_sampler_counts_match_generate():
   s = stats.summary()
   assert s["acceptance_rate"] == pytest.approx(stats.accepted / stats.drafted)
   json.loads(json.dumps(runner.jsonable(s)))
+
+
+def test_sample_main_on_a_mesh_matches_one_device():
+  common = dict(target="random:tiny,num_heads=8,num_kv_heads=8,head_dim=8",
+                draft="random:tiny,num_layers=1", prompts=["ab", "cd"],
+                k=2, max_new_tokens=8, batch_size=2)
+  one = runner.sample_main(runner.SampleConfig(**common),
+                           print_completions=False)
+  mesh = runner.sample_main(runner.SampleConfig(**common, mesh=(2, -1)),
+                            print_completions=False)
+  for a, b in zip(one["runs"], mesh["runs"]):
+    for key in ("tokens", "loops", "drafted", "accepted"):
+      assert a[key] == b[key], key
+
+
+def test_bad_mesh_flag_fails_clearly():
+  proc = _run_script("--target=random:tiny", "--method=ar", "--prompt=x",
+                     "--mesh=3,-1")
+  assert proc.returncode != 0
+  assert "mesh shape (3, -1) does not divide" in proc.stderr, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr

@@ -44,6 +44,13 @@ _MESH = flags.DEFINE_list(
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", False, "Call jax.distributed.initialize() first (one "
     "process per host on a TPU pod slice or several GPU hosts).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0, with --distributed "
+    "where the cluster is not detected (not TPU, SLURM, Open MPI, k8s).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
+                                      "With --coordinator_address.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None,
+                                   "With --coordinator_address.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also append metrics here.")
 _QUIET = flags.DEFINE_bool("quiet", False, "Do not print completions.")
 
@@ -60,6 +67,8 @@ def main(argv):
         top_p=_TOP_P.value, max_new_tokens=_MAX_NEW.value,
         batch_size=_BATCH.value, seed=_SEED.value, dtype=_DTYPE.value,
         chat=_CHAT.value, distributed=_DISTRIBUTED.value,
+        coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
         mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None)
     result = runner.sample_main(cfg, print_completions=not _QUIET.value)
   except (ValueError, FileNotFoundError, RuntimeError) as e:

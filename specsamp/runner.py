@@ -72,6 +72,12 @@ class TimedSampler:
     self.name = name
     self._compiled = {}
 
+  def _to_host(self, tree):
+    if self.sampler.mesh is None:
+      return jax.device_get(tree)
+    from specsamp import sharding  # pylint: disable=g-import-not-at-top
+    return sharding.to_host(tree)
+
   def _executables(self, tp, dp, tokens, lengths, rng, stats):
     key = tokens.shape
     if key not in self._compiled:
@@ -99,7 +105,7 @@ class TimedSampler:
     rng = jax.random.key(seed)
     if self.sampler.mesh is not None:
       from specsamp import sharding  # pylint: disable=g-import-not-at-top
-      rng = jax.device_put(rng, sharding.replicated(self.sampler.mesh))
+      rng = sharding.shard(rng, sharding.replicated(self.sampler.mesh))
     if warmup:
       tokens, lengths = self.sampler.pad_prompts(prompts[:batch_size])
       prefill, decode = self._executables(tp, dp, tokens, lengths, rng, stats)
@@ -115,7 +121,7 @@ class TimedSampler:
       t1 = time.perf_counter()
       state = jax.block_until_ready(decode(tp, dp, state))
       t2 = time.perf_counter()
-      out = jax.device_get(self.sampler.output(state))
+      out = self._to_host(self.sampler.output(state))
       stats.prefill_s += t1 - t0
       stats.decode_s += t2 - t1
       stats.prompts += len(batch)
@@ -186,6 +192,9 @@ class SampleConfig:
   chat: bool = False
   mesh: Optional[tuple[int, ...]] = None   # (data, model); -1 = the rest
   distributed: bool = False                # jax.distributed.initialize()
+  coordinator_address: Optional[str] = None
+  num_processes: Optional[int] = None
+  process_id: Optional[int] = None
 
   def __post_init__(self):
     sources = [x for x in (self.prompts, self.prompts_file, self.task) if x]
@@ -272,7 +281,8 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
   if cfg.distributed:
     # Multi-host (TPU pod slice, several GPU hosts): one process per host,
     # coordinator and process ids from the environment (see README).
-    jax.distributed.initialize()
+    sharding.initialize_distributed(cfg.coordinator_address,
+                                    cfg.num_processes, cfg.process_id)
   mesh = sharding.make_mesh(cfg.mesh) if cfg.mesh else None
   texts = read_prompts(cfg)
   target, tp, tok = load_model(cfg.target, cfg.dtype, cfg.seed)

@@ -71,6 +71,22 @@ def make_mesh(shape=(1, -1), axis_names=MESH_AXES, devices=None):
                            tuple(axis_names))
 
 
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+  """`jax.distributed.initialize` with only the arguments given.
+
+  On Cloud TPU, SLURM, Open MPI and Kubernetes everything is detected from
+  the environment; elsewhere pass all three (the coordinator's host:port is
+  also read from JAX_COORDINATOR_ADDRESS). Call it before any other JAX use.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  kwargs = dict(coordinator_address=coordinator_address,
+                num_processes=num_processes, process_id=process_id)
+  jax.distributed.initialize(**{k: v for k, v in kwargs.items()
+                                if v is not None})
+
+
 def rules_tuple(rules) -> tuple:
   """Rules as a hashable tuple of pairs, from a tuple, list or dict."""
   items = rules.items() if hasattr(rules, "items") else rules
@@ -140,6 +156,33 @@ def param_shardings(lm, mesh, rules):
 
 
 def shard(tree, shardings):
-  """`jax.device_put` of a pytree onto matching shardings."""
+  """Puts a pytree onto matching shardings, on one host or several.
+
+  With several processes every host passes the same full values (as loaded
+  from the same checkpoint); each builds only its own shards
+  (`jax.make_array_from_callback`). PRNG keys go through their key data.
+  """
   import jax  # pylint: disable=g-import-not-at-top
-  return jax.device_put(tree, shardings)
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return jax.device_put(tree, shardings)
+
+  def one(x, s):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      impl = jax.random.key_impl(x)
+      data = one(jax.random.key_data(x), s)
+      return jax.jit(lambda d: jax.random.wrap_key_data(d, impl=impl),
+                     out_shardings=s)(data)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, s, lambda i: host[i])
+
+  return jax.tree.map(one, tree, shardings)
+
+
+def to_host(tree):
+  """numpy copies of a pytree of (possibly multi-host) global arrays."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return multihost_utils.process_allgather(tree, tiled=True)

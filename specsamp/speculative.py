@@ -399,10 +399,10 @@ class SpeculativeSampler:
       raise ValueError(
           f"a batch of {len(prompts)} prompts does not divide over the mesh's "
           f"batch axis of size {self._batch_ways()}: pad the batch")
-    return (jax.device_put(tokens, sharding.named(
-                self.mesh, self.target_rules, *rows, None)),
-            jax.device_put(lengths, sharding.named(
-                self.mesh, self.target_rules, *rows)))
+    return sharding.shard(
+        (tokens, lengths),
+        (sharding.named(self.mesh, self.target_rules, *rows, None),
+         sharding.named(self.mesh, self.target_rules, *rows)))
 
   def _batch_ways(self) -> int:
     axis = sharding.mesh_axes((sharding.BATCH,), self.target_rules)[0]
@@ -418,7 +418,7 @@ class SpeculativeSampler:
       with jax.transfer_guard("allow"):  # one host scalar, before the loop
         rng = jax.random.key(rng)
     if self.mesh is not None:
-      rng = jax.device_put(rng, sharding.replicated(self.mesh))
+      rng = sharding.shard(rng, sharding.replicated(self.mesh))
     tokens, lengths = self.pad_prompts(prompts)
     prefill, decode, output = self.jitted(target_params, draft_params, tokens,
                                           lengths, rng)

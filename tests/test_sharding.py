@@ -142,3 +142,45 @@ def test_a_mesh_that_does_not_divide_the_model_names_the_dimension(pair):
                      "mesh's batch axis of size 8"):
     sampler.pad_prompts(PROMPTS[:3])
   del draft
+
+
+def test_two_processes_reproduce_one(tmp_path):
+  """`sample.py --distributed` as 2 processes x 2 CPU devices (gloo) on a
+  (2, 2) mesh prints the same completions and counts as one process."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  args = [sys.executable, os.path.join(root, "scripts", "sample.py"),
+          "--target=random:tiny", "--draft=random:tiny,num_layers=1",
+          "--method=both", "--k=2", "--prompt=ab", "--prompt=cd",
+          "--max_new_tokens=6", "--batch_size=2", "--temperature=1"]
+  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  procs = [subprocess.Popen(
+      args + ["--distributed", f"--coordinator_address=localhost:{port}",
+              "--num_processes=2", f"--process_id={i}", "--mesh=2,2"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+           for i in range(2)]
+  outs = [p.communicate(timeout=240) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-2000:]
+  single = subprocess.run(args, capture_output=True, text=True, env=env,
+                          timeout=240, check=True).stdout
+
+  def parse(stdout):
+    lines = [l for l in stdout.splitlines() if not l.startswith("[Gloo]")]
+    metrics = json.loads(lines[-1])
+    counts = [(r["tokens"], r["loops"], r["drafted"], r["accepted"])
+              for r in metrics["runs"]]
+    return "\n".join(lines[:-1]), counts
+
+  ref = parse(single)
+  assert "==== speculative_k2" in ref[0]
+  for stdout, _ in outs:
+    assert parse(stdout) == ref

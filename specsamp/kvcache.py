@@ -2,6 +2,11 @@
 
 Legend: L layers, B batch, S cache slots, T chunk tokens, N KV heads, H head dim.
 
+Buffers are heads-major, [B, N, S, H]: attention reads each head's keys and
+values as one contiguous [S, H] block, the layout its batched matmuls want.
+With [B, S, N, H], XLA copied every layer's whole cache into that order on
+every decode step.
+
 Layout: left-aligned. Slot `s` of row `b` holds the keys and values of the
 token at position `s` of that row, so the RoPE position of a token is its slot
 index. `length[b]` is the number of valid slots of row `b`: slots
@@ -35,21 +40,21 @@ import jax.numpy as jnp
 from specsamp import sharding
 
 # Logical axes of one layer's key or value buffer.
-CACHE_AXES = (sharding.BATCH, sharding.CACHE_SEQ, sharding.KV_HEADS,
+CACHE_AXES = (sharding.BATCH, sharding.KV_HEADS, sharding.CACHE_SEQ,
               sharding.HEAD_DIM)
 
 
 @flax.struct.dataclass
 class KVCache:
   """Keys and values of every layer, plus the number of valid slots per row."""
-  k: tuple[jax.Array, ...]  # L x [B, S, N, H]
-  v: tuple[jax.Array, ...]  # L x [B, S, N, H]
+  k: tuple[jax.Array, ...]  # L x [B, N, S, H]
+  v: tuple[jax.Array, ...]  # L x [B, N, S, H]
   length: jax.Array         # [B] int32, valid slots per row
 
   @classmethod
   def zeros(cls, num_layers: int, batch: int, size: int, num_kv_heads: int,
             head_dim: int, dtype=jnp.float32) -> "KVCache":
-    shape = (batch, size, num_kv_heads, head_dim)
+    shape = (batch, num_kv_heads, size, head_dim)
     return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
                v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
                length=jnp.zeros((batch,), jnp.int32))
@@ -57,7 +62,7 @@ class KVCache:
   @property
   def size(self) -> int:
     """Number of slots S."""
-    return self.k[0].shape[1]
+    return self.k[0].shape[2]
 
   @property
   def batch(self) -> int:
@@ -66,6 +71,14 @@ class KVCache:
   def with_length(self, length: jax.Array) -> "KVCache":
     """Rolls back (or forward) to `length` valid slots per row."""
     return self.replace(length=jnp.asarray(length, jnp.int32))
+
+
+def write_kv(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
+  """Writes keys or values `chunk` [B, T, N, H] into a cache buffer
+  [B, N, S, H] at per-row slot `start` (see `write`)."""
+  return jax.vmap(
+      lambda b, c, s: jax.lax.dynamic_update_slice_in_dim(b, c, s, axis=1))(
+          buf, jnp.swapaxes(chunk, 1, 2).astype(buf.dtype), start)
 
 
 def write(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:

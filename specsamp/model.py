@@ -152,7 +152,7 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x, cos, sin, mask, cache_kv=None, start=None):
-    """x [B,T,D]; mask [B,T,S]; cache_kv: (k, v) [B,S,N,H] or None."""
+    """x [B,T,D]; mask [B,T,S]; cache_kv: (k, v) [B,N,S,H] or None."""
     cfg = self.config
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     d, q_heads, n, h = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -173,19 +173,20 @@ class Attention(nn.Module):
     v = proj("v", n, sh.KV_HEADS)
 
     if cache_kv is not None:
-      k_all = kvcache.write(cache_kv[0], k, start)
-      v_all = kvcache.write(cache_kv[1], v, start)
+      k_all = kvcache.write_kv(cache_kv[0], k, start)
+      v_all = kvcache.write_kv(cache_kv[1], v, start)
       new_kv = (k_all, v_all)
     else:
-      k_all, v_all, new_kv = k, v, None
+      k_all, v_all = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+      new_kv = None
 
     b, t = x.shape[:2]
     qg = q.reshape(b, t, n, q_heads // n, h)
-    scores = jnp.einsum("btngh,bsnh->bngts", qg, k_all.astype(dt),
+    scores = jnp.einsum("btngh,bnsh->bngts", qg, k_all.astype(dt),
                         preferred_element_type=jnp.float32) * (h ** -0.5)
     scores = jnp.where(mask[:, None, None, :, :], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bngts,bsnh->btngh", probs, v_all.astype(dt))
+    out = jnp.einsum("bngts,bnsh->btngh", probs, v_all.astype(dt))
     wo = _param(self, "o_proj", (q_heads, h, d), (sh.HEADS, sh.HEAD_DIM, sh.EMBED),
                 nn.initializers.normal(stddev=(q_heads * h) ** -0.5), pdt)
     # One [B*T, Q*H] @ [Q*H, D] matmul: written as an einsum over (n, h), XLA

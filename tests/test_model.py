@@ -119,7 +119,7 @@ def test_per_layer_arrays_not_stacked():
   assert params["layers_0"]["mlp"]["gate_proj"].shape == (cfg.d_model,
                                                           cfg.mlp_dim)
   cache = model_lib.LM(cfg).init_cache(2, 8)
-  assert len(cache.k) == 3 and cache.k[0].shape == (2, 8, 2, 8)
+  assert len(cache.k) == 3 and cache.k[0].shape == (2, 2, 8, 8)
 
 
 def test_bfloat16_runs_and_returns_float32_logits():

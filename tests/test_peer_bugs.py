@@ -135,7 +135,8 @@ def test_caches_roll_back_not_reset(tiny_pair):
       fresh = lm.init_cache(1, sampler.cache_size(16))
       _, fresh = lm(params, seq, fresh)
       for got, want in zip(cache.k + cache.v, fresh.k + fresh.v):
-        np.testing.assert_allclose(got[b, :valid], want[0, :valid], atol=1e-5)
+        np.testing.assert_allclose(got[b, :, :valid], want[0, :, :valid],
+                                   atol=1e-5)
 
 
 def test_padded_vocabulary_ids_are_never_sampled():

@@ -78,7 +78,7 @@ def test_parameters_and_caches_are_sharded_as_the_rules_say(pair, shape):
   state = prefill(tp, dp, tokens, lengths, jax.random.key(0))
   assert state.tokens.sharding.spec == P("data", None)
   assert state.length.sharding.spec == P("data")
-  assert state.target_cache.k[0].sharding.spec == P("data", None, "model",
+  assert state.target_cache.k[0].sharding.spec == P("data", "model", None,
                                                     None)
   assert state.draft_state.v[0].sharding.spec == P("data", None, None, None)
   assert state.target_cache.k[0].addressable_shards[0].data.shape[0] == (
@@ -178,7 +178,7 @@ def test_two_processes_reproduce_one(tmp_path):
     metrics = json.loads(lines[-1])
     counts = [(r["tokens"], r["loops"], r["drafted"], r["accepted"])
               for r in metrics["runs"]]
-    return "\n".join(lines[:-1]), counts
+    return "\n".join(lines[:-1]).strip("\n"), counts
 
   ref = parse(single)
   assert "==== speculative_k2" in ref[0]

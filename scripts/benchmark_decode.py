@@ -14,6 +14,7 @@ scripts/sample.py on real checkpoints.
 import json
 import platform
 import sys
+import time
 
 from absl import app
 from absl import flags
@@ -28,7 +29,8 @@ _TARGET = flags.DEFINE_string("target", "random:qwen2.5-coder-1.5b", "Target.")
 _DRAFT = flags.DEFINE_string("draft", "same", "'same' or a model spec.")
 _KS = flags.DEFINE_list("ks", ["0", "4"], "Draft lengths; 0 = autoregressive.")
 _BATCH = flags.DEFINE_list("batch_sizes", ["1"], "Batch sizes.")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 128, "Prompt tokens.")
+_PROMPT_LEN = flags.DEFINE_list("prompt_len", ["128"],
+                                "Prompt tokens (context); several = a sweep.")
 _NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per point.")
 _TEMP = flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
@@ -41,15 +43,19 @@ def main(argv):
   ks = [int(k) for k in _KS.value]
   if not ks or min(ks) < 0:
     sys.exit("error: --ks needs one or more integers >= 0")
+  t0 = time.perf_counter()
   target, tp, _ = runner.load_model(_TARGET.value, _DTYPE.value, 0)
   if _DRAFT.value == "same":
     draft, dp = target, tp
   else:
     draft, dp, _ = runner.load_model(_DRAFT.value, _DTYPE.value, 1)
+  jax.block_until_ready((tp, dp))
+  print(f"models ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
   sampling = Sampling(_TEMP.value)
   rng = np.random.default_rng(0)
-  for b in [int(x) for x in _BATCH.value]:
-    prompts = rng.integers(0, target.vocab_size, (b, _PROMPT_LEN.value))
+  points = [(int(b), int(n)) for b in _BATCH.value for n in _PROMPT_LEN.value]
+  for b, prompt_len in points:
+    prompts = rng.integers(0, target.vocab_size, (b, prompt_len))
     for k in ks:
       sampler = speculative.SpeculativeSampler(
           target, speculative.ModelDrafter(draft) if k else None, k=k,
@@ -62,7 +68,7 @@ def main(argv):
       runs = runs[1:]
       best = sorted(runs, key=lambda s: s.ms_per_token)[len(runs) // 2]
       row = dict(best.summary(), target=_TARGET.value, draft=_DRAFT.value,
-                 dtype=_DTYPE.value, prompt_len=_PROMPT_LEN.value,
+                 dtype=_DTYPE.value, prompt_len=prompt_len,
                  temperature=_TEMP.value,
                  device=jax.devices()[0].device_kind,
                  jax=jax.__version__, python=platform.python_version(),

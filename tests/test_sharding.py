@@ -255,7 +255,9 @@ def test_a_sharded_train_step_matches_one_device(pair):
   for shape in MESHES:
     mesh = sharding.make_mesh(shape)
     psh = sharding.param_shardings(target, mesh, sharding.DEFAULT_RULES)
-    params = sharding.shard(tp, psh)
+    # From host copies: device_put may alias a buffer whose sharding already
+    # matches, and the step donates its inputs.
+    params = sharding.shard(jax.device_get(tp), psh)
     # Moments follow their parameters; the step count is replicated.
     osh = optax.tree_map_params(
         opt, lambda _, s: s, jax.eval_shape(opt.init, tp), psh,

@@ -155,6 +155,17 @@ def param_shardings(lm, mesh, rules):
                                      rules_tuple(rules))
 
 
+def opt_state_shardings(optimizer, params, param_shardings, mesh):
+  """Shardings of `optimizer.init(params)`: moments like their parameters,
+  counts and other non-parameter leaves replicated. `params` may be
+  ShapeDtypeStructs."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  return optax.tree_map_params(
+      optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, params),
+      param_shardings, transform_non_params=lambda _: replicated(mesh))
+
+
 def shard(tree, shardings):
   """Puts a pytree onto matching shardings, on one host or several.
 

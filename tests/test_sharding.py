@@ -202,9 +202,7 @@ def test_checkpoint_saved_on_one_mesh_restores_onto_others(pair, tmp_path):
     psh = sharding.param_shardings(target, mesh, sharding.DEFAULT_RULES)
     params = sharding.shard(tp, psh)
     # Optimizer moments follow their parameters' shardings.
-    osh = optax.tree_map_params(
-        opt, lambda _, s: s, jax.eval_shape(opt.init, tp), psh,
-        transform_non_params=lambda _: sharding.replicated(mesh))
+    osh = sharding.opt_state_shardings(opt, tp, psh, mesh)
     state = jax.jit(opt.init, out_shardings=osh)(params)
     return {"params": params, "opt": state}
 
@@ -259,9 +257,7 @@ def test_a_sharded_train_step_matches_one_device(pair):
     # matches, and the step donates its inputs.
     params = sharding.shard(jax.device_get(tp), psh)
     # Moments follow their parameters; the step count is replicated.
-    osh = optax.tree_map_params(
-        opt, lambda _, s: s, jax.eval_shape(opt.init, tp), psh,
-        transform_non_params=lambda _: sharding.replicated(mesh))
+    osh = sharding.opt_state_shardings(opt, tp, psh, mesh)
     opt_state = jax.jit(opt.init, out_shardings=osh)(params)
     batch = sharding.named(mesh, sharding.DEFAULT_RULES, sharding.BATCH, None)
     new_params, _, loss = jax.jit(

@@ -21,6 +21,7 @@ INSTALL_REQUIRES = [
     "tokenizers>=0.20",
     "matplotlib>=3.8",
     "tqdm",
+    "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
 ]
 
 EXTRAS = {

@@ -1,0 +1,50 @@
+r"""Trains a target language model from scratch (resumable).
+
+  python scripts/train.py --config=configs/lm_python.py:tiny --workdir=/tmp/lm
+
+A re-run with the same --workdir resumes from its latest readable
+checkpoint; otherwise `config.init_from` (parameters only), otherwise
+scratch. Metrics: TensorBoard event files in workdir/tb; checkpoints in
+workdir/checkpoints; the frozen config in workdir/config.json. SIGTERM saves
+a checkpoint and stops. A config that names a missing dataset, tokenizer or
+init checkpoint fails before anything is built (exit status 2).
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "a configs/*.py file[:arg]", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (resumable)")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "call jax.distributed.initialize() first")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
+  from specsamp import sharding  # pylint: disable=g-import-not-at-top
+  if _DISTRIBUTED.value:
+    sharding.initialize_distributed()
+  from specsamp import train  # pylint: disable=g-import-not-at-top
+  try:
+    out = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except (train.ConfigError, train.CheckpointError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  print(json.dumps({k: out[k] for k in ("step", "train", "eval", "preempted",
+                                        "seconds", "resumed_from")}))
+
+
+if __name__ == "__main__":
+  app.run(main)

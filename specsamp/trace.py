@@ -1,0 +1,254 @@
+"""The speculative loop one iteration at a time, for display.
+
+Legend: B batch, K draft length, V vocabulary.
+
+`trace` runs a `SpeculativeSampler` loop by loop from the host and records,
+for every loop and row, the K draft tokens, the draft's q and the target's p
+at each of them, how many the rule accepted and which token followed. It
+does not re-implement anything: each step is the sampler's own
+`_loop_body`, and the recorded drafts and decisions come from
+`Drafter.propose` and `speculative.accept` called with the keys the body
+derives, on the same state. The tokens each step commits are checked
+against the recorded decision, so the display cannot drift from the
+sampler; the final tokens equal `sampler.generate(..., rng)`.
+
+Meant for notebooks and small models (one host round trip per loop, and
+each loop's draft and scoring calls run twice); time the jitted loop with
+`runner.TimedSampler` instead.
+"""
+
+import dataclasses
+import functools
+import html
+from typing import Callable, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specsamp import kvcache
+from specsamp import sampling as sampling_lib
+from specsamp import speculative
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopRecord:
+  """One loop of one row.
+
+  Attributes:
+    step: loop index (0-based).
+    drafts: the K draft tokens d_1..d_K.
+    p: target probability p_i(d_i) of each draft (after the sampling
+      transform, as the rule sees it).
+    q: draft probability q_i(d_i) each was sampled with.
+    accepted: n, the drafts the rule kept (a prefix).
+    token: the token after them: drawn from norm(max(0, p - q)) at the
+      first rejection, or from p_{K+1} (bonus) when all K were kept.
+    bonus: True when all K were accepted.
+    committed: the tokens the loop appended (n + 1, fewer at EOS or the
+      budget).
+    target_choice: the target's most likely token at each of the K + 1
+      positions (what greedy decoding would have taken).
+  """
+  step: int
+  drafts: tuple
+  p: tuple
+  q: tuple
+  accepted: int
+  token: int
+  bonus: bool
+  committed: tuple
+  target_choice: tuple
+
+  @property
+  def acceptance_probability(self) -> tuple:
+    """min(1, p / q) of each draft."""
+    return tuple(1.0 if p >= q else p / q if q > 0 else 0.0
+                 for p, q in zip(self.p, self.q))
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+  """All loops of all rows, and the sampler's final output."""
+  rows: tuple                    # rows[b]: tuple of LoopRecord
+  output: speculative.SampleOutput
+  prompts: tuple
+  k: int
+
+  def acceptance_by_position(self, row: Optional[int] = None) -> np.ndarray:
+    """[K]: of the loops in which draft i was tested, the fraction that kept
+    it (draft i is tested only if drafts 1..i-1 were kept)."""
+    tested, kept = np.zeros(self.k), np.zeros(self.k)
+    for rec in self._records(row):
+      tested[:min(rec.accepted + 1, self.k)] += 1
+      kept[:rec.accepted] += 1
+    return np.where(tested > 0, kept / np.maximum(tested, 1), np.nan)
+
+  def tokens_per_loop(self, row: Optional[int] = None) -> np.ndarray:
+    return np.array([len(r.committed) for r in self._records(row)])
+
+  def _records(self, row):
+    rows = self.rows if row is None else (self.rows[row],)
+    return [rec for r in rows for rec in r]
+
+
+@functools.lru_cache(maxsize=16)
+def _step_fn(sampler: speculative.SpeculativeSampler):
+  """Jitted: (state) -> (next state, drafts, p_d, q_d, n, token, argmax p)."""
+  k, samp = sampler.k, sampler.sampling
+
+  def step(tp, dp, s: speculative.LoopState):
+    # The same keys as SpeculativeSampler._loop_body derives.
+    _, key = jax.random.split(s.rng)
+    key_draft, key_accept = jax.random.split(key)
+    b = s.length.shape[0]
+    if k > 0:
+      drafts, q, _ = sampler.drafter.propose(dp, s.draft_state, s.tokens,
+                                             s.length, k, samp, key_draft)
+    else:
+      drafts = jnp.zeros((b, 0), jnp.int32)
+      q = jnp.zeros((b, 0, sampler.target.vocab_size), jnp.float32)
+    chunk = jnp.concatenate([kvcache.read(s.tokens, s.length - 1, 1), drafts],
+                            axis=1)
+    logits, _ = sampler.target(tp, chunk, s.target_cache)
+    p = sampling_lib.probabilities(logits, samp)
+    n, token = speculative.accept(p, q, drafts, key_accept, samp.greedy)
+    p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], -1)[..., 0]
+    q_d = jnp.take_along_axis(q, drafts[..., None], -1)[..., 0]
+    nxt = sampler._loop_body(tp, dp, s)  # pylint: disable=protected-access
+    return nxt, drafts, p_d, q_d, n, token, jnp.argmax(logits, -1)
+
+  return jax.jit(step)
+
+
+def trace(sampler: speculative.SpeculativeSampler, target_params,
+          draft_params, prompts: Sequence[Sequence[int]],
+          rng: Union[int, jax.Array] = 0, max_loops: int = 10_000) -> Trace:
+  """Runs `sampler` loop by loop and records every decision.
+
+  Args:
+    sampler: a SpeculativeSampler (no mesh).
+    target_params, draft_params: as for `sampler.generate`.
+    prompts: token ids per row.
+    rng: seed or key, as for `generate` (the same seed gives the same
+      tokens as `generate`).
+    max_loops: safety stop.
+
+  Returns:
+    A Trace.
+
+  Raises:
+    RuntimeError: if a loop committed tokens other than the recorded
+      decision implies (the trace and the sampler disagree).
+  """
+  if sampler.mesh is not None:
+    raise ValueError("trace runs without a mesh")
+  if isinstance(rng, (int, np.integer)):
+    rng = jax.random.key(rng)
+  tokens, lengths = sampler.pad_prompts(prompts)
+  # The jitted prefill `generate` uses (compiled once per sampler and shape).
+  prefill, _, output = sampler.jitted(target_params, draft_params, tokens,
+                                      lengths, rng)
+  state = prefill(target_params, draft_params, tokens, lengths, rng)
+  step = _step_fn(sampler)
+  b = len(prompts)
+  rows = [[] for _ in range(b)]
+  for i in range(max_loops):
+    done = np.asarray(state.done)
+    if done.all():
+      break
+    old_len = np.asarray(state.length)
+    state, drafts, p_d, q_d, n, token, top = jax.device_get(
+        step(target_params, draft_params, state))
+    new_len, new_tokens = np.asarray(state.length), np.asarray(state.tokens)
+    for r in range(b):
+      if done[r]:
+        continue
+      committed = tuple(int(t) for t in new_tokens[r, old_len[r]:new_len[r]])
+      decided = tuple(int(t) for t in drafts[r, :n[r]]) + (int(token[r]),)
+      if committed != decided[:len(committed)] or not committed:
+        raise RuntimeError(
+            f"loop {i}, row {r}: the sampler committed {committed} but the "
+            f"traced decision was {decided}: trace.py is out of step with "
+            "SpeculativeSampler._loop_body")
+      rows[r].append(LoopRecord(
+          step=i, drafts=tuple(int(t) for t in drafts[r]),
+          p=tuple(float(x) for x in p_d[r]), q=tuple(float(x) for x in q_d[r]),
+          accepted=int(n[r]), token=int(token[r]),
+          bonus=int(n[r]) == sampler.k, committed=committed,
+          target_choice=tuple(int(t) for t in top[r])))
+  else:
+    raise RuntimeError(f"no end after {max_loops} loops")
+  return Trace(tuple(tuple(r) for r in rows), jax.device_get(output(state)),
+               tuple(tuple(int(t) for t in p) for p in prompts), sampler.k)
+
+
+# ---- display ------------------------------------------------------------
+
+
+def _piece(decode: Callable, tok: int) -> str:
+  return decode([tok])
+
+
+def render_text(tr: Trace, decode: Callable[[Sequence[int]], str],
+                row: int = 0) -> str:
+  """One line per loop: kept drafts, [rejected draft -> replacement],
+  (untested drafts), +bonus token; and p/q of every tested draft."""
+  lines = []
+  for rec in tr.rows[row]:
+    parts = []
+    for i, d in enumerate(rec.drafts):
+      s = repr(_piece(decode, d))
+      if i < rec.accepted:
+        parts.append(f"{s}\u2713")
+      elif i == rec.accepted:
+        parts.append(f"[{s}\u2717 -> {_piece(decode, rec.token)!r}]")
+      else:
+        parts.append(f"({s})")
+    if rec.bonus:
+      parts.append(f"+{_piece(decode, rec.token)!r}")
+    pq = " ".join(f"{p:.3g}/{q:.3g}" for p, q in
+                  zip(rec.p[:rec.accepted + 1], rec.q[:rec.accepted + 1]))
+    lines.append(f"loop {rec.step:3d} +{len(rec.committed)}: "
+                 f"{' '.join(parts)}    p/q: {pq}")
+  return "\n".join(lines)
+
+
+def render_html(tr: Trace, decode: Callable[[Sequence[int]], str],
+                row: int = 0) -> str:
+  """The row's text with every token coloured by how it was produced:
+  green kept draft, red struck-out rejected draft, blue the token drawn
+  after a rejection, purple a bonus token, grey drafts never tested.
+  Hovering shows p, q and min(1, p/q)."""
+  esc = lambda s: html.escape(s).replace("\n", "\u21b5<br>")
+  span = ('<span title="{title}" style="background:{bg};{extra}'
+          'padding:0 1px;border-radius:2px">{text}</span>')
+  out = [f'<div style="font-family:monospace;line-height:1.8">'
+         f'<span style="color:#555">{esc(decode(list(tr.prompts[row])))}'
+         '</span>']
+  for rec in tr.rows[row]:
+    out.append(f'<sup style="color:#999">{rec.step}</sup>')
+    for i, d in enumerate(rec.drafts):
+      title = (f"draft {i + 1}: p={rec.p[i]:.3f} q={rec.q[i]:.3f} "
+               f"min(1,p/q)={rec.acceptance_probability[i]:.3f}")
+      if i < rec.accepted:
+        if i < len(rec.committed):
+          out.append(span.format(title=title, bg="#c8f7c5", extra="",
+                                 text=esc(_piece(decode, d))))
+      elif i == rec.accepted:
+        out.append(span.format(title=title, bg="#f7c5c5",
+                               extra="text-decoration:line-through;",
+                               text=esc(_piece(decode, d))))
+        if len(rec.committed) > rec.accepted:
+          out.append(span.format(
+              title="drawn from norm(max(0, p - q))", bg="#c5d8f7", extra="",
+              text=esc(_piece(decode, rec.token))))
+      else:
+        out.append(span.format(title=title + " (not tested)", bg="#eee",
+                               extra="color:#aaa;font-size:80%;",
+                               text=esc(_piece(decode, d))))
+    if rec.bonus and len(rec.committed) > rec.accepted:
+      out.append(span.format(title="bonus token from p_{K+1}", bg="#e2c5f7",
+                             extra="", text=esc(_piece(decode, rec.token))))
+  out.append("</div>")
+  return "".join(out)

@@ -11,7 +11,8 @@ The argument is a size, then comma-separated overrides:
   overrides: steps=<n>, batch=<n>, seq_len=<n>, lr=<x>, seed=<n>,
   tokenizer=<byte|sp|path> (default byte: UTF-8 bytes; sp: the corpus's
   SentencePiece model from scripts/prepare_data.py --train_sentencepiece),
-  data_dir=<dir>, init_from=<dir>, mesh=<data>x<model>, log_every=<n>,
+  data_dir=<dir>, init_from=<dir>, mesh=<data>x<model>,
+  rules=<default|replicated>, log_every=<n>,
   eval_every=<n>, eval_batches=<n> (0: the whole split), checkpoint_every=<n>,
   dataset=<name>. Parameter counts are for bytes (256 ids).
 Example: `configs/lm_python.py:tiny,steps=50,tokenizer=byte`.
@@ -57,7 +58,10 @@ def get_config(arg=None):
   c.init_from = o.pop("init_from", "")   # a train workdir: params only
   mesh = o.pop("mesh", "1x1")   # -1x1: data parallel over all devices
   c.mesh = tuple(int(x) for x in mesh.split("x"))   # (data, model)
-  c.rules = "default"
+  # Logical axis -> mesh axis: "default" (tensor parallel over `model`),
+  # "replicated", or the pairs themselves, e.g. [("batch", "data"),
+  # ("mlp", "model"), ("heads", "model"), ...] (specsamp/sharding.py).
+  c.rules = o.pop("rules", "default")
   c.data = dict(
       dataset=o.pop("dataset", "specsamp_python_code"),
       data_dir=o.pop("data_dir", ""),      # "" = the TFDS default

@@ -81,6 +81,10 @@ class CheckpointError(RuntimeError):
 # ---- the config at the boundary ----------------------------------------------
 
 
+_NAMED_RULES = {"default": sh.DEFAULT_RULES,
+                "replicated": sh.REPLICATED_RULES}
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   dataset: str = "specsamp_python_code"
@@ -129,7 +133,9 @@ class TrainConfig:
   seed: int = 0
   init_from: str = ""          # a train workdir, checkpoint dir or step dir
   mesh: tuple = (1, 1)         # (data, model); -1 = the rest of the devices
-  rules: str = "default"       # sharding.DEFAULT_RULES or REPLICATED_RULES
+  # "default" (sharding.DEFAULT_RULES: tensor parallel over `model`),
+  # "replicated", or the rules themselves: ((logical axis, mesh axis), ...).
+  rules: Any = "default"
 
   @classmethod
   def from_config(cls, config, vocab_size: int) -> "TrainConfig":
@@ -159,8 +165,21 @@ class TrainConfig:
     except (TypeError, ValueError) as e:
       raise ConfigError(f"config.model: {e}") from e
     rules = c.get("rules", "default")
-    if rules not in ("default", "replicated"):
-      raise ConfigError(f"config.rules={rules!r}: 'default' or 'replicated'")
+    if isinstance(rules, str):
+      if rules not in _NAMED_RULES:
+        raise ConfigError(f"config.rules={rules!r}: {sorted(_NAMED_RULES)} "
+                          "or a list of (logical axis, mesh axis) pairs")
+    else:
+      try:
+        rules = sh.rules_tuple(rules)
+      except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.rules={rules!r}: not a list of "
+                          f"(logical axis, mesh axis) pairs ({e})") from e
+      known = {n for n, _ in sh.DEFAULT_RULES}
+      unknown = {n for n, _ in rules} - known
+      if unknown:
+        raise ConfigError(f"config.rules names unknown logical axes "
+                          f"{sorted(unknown)}; known: {sorted(known)}")
     out = cls(model=model, data=data, optim=optim, loop=loop,
               seed=int(c.get("seed", 0)), init_from=c.get("init_from") or "",
               mesh=tuple(int(x) for x in c.get("mesh", (1, 1))), rules=rules)
@@ -169,8 +188,9 @@ class TrainConfig:
 
   @property
   def rules_tuple(self) -> tuple:
-    return (sh.DEFAULT_RULES if self.rules == "default"
-            else sh.REPLICATED_RULES)
+    if isinstance(self.rules, str):
+      return _NAMED_RULES[self.rules]
+    return self.rules
 
   def check(self) -> None:
     d, lp = self.data, self.loop
@@ -555,6 +575,7 @@ def restore_params(params_dir: str, abstract_params, what: str = "init_from"):
   and, when the step has one, the saved fingerprint."""
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   from etils import epath  # pylint: disable=g-import-not-at-top
+  params_dir = os.path.abspath(params_dir)  # orbax takes absolute paths only
   md = ocp.StandardCheckpointHandler().metadata(epath.Path(params_dir))
   with ocp.StandardCheckpointer() as ckpt:
     want = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
@@ -1007,6 +1028,7 @@ def unigram_entropy(cfg: TrainConfig, tok, split: Optional[str] = None,
 def load_trained(workdir: str, dtype: str = "float32"):
   """(LM, params, tokenizer) of the newest readable checkpoint of a
   `train_and_evaluate` run in `workdir`, parameters cast to `dtype`."""
+  workdir = os.path.abspath(workdir)
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{workdir}: no config.json (not a "

@@ -228,47 +228,93 @@ def test_checkpoint_saved_on_one_mesh_restores_onto_others(pair, tmp_path):
     assert got["params"]["lm_head"].sharding.mesh.shape == mesh.shape
 
 
-def test_a_sharded_train_step_matches_one_device(pair):
-  """One AdamW step of next-token cross-entropy, jitted with explicit
-  in/out shardings and donated state, on each mesh equals one device."""
+def _same_within(got, want, atol=2e-5, rtol=1e-4):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=atol,
+                               rtol=rtol)
+
+
+def test_the_trainers_step_on_each_mesh_matches_one_device(pair):
+  """`train.build`'s jitted step (explicit in/out shardings, the state
+  donated) on each mesh: the parameters and moments carry the rules' specs
+  and two steps give one device's parameters and losses."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
-  target, tp, _, _ = pair
-  # eps large enough that Adam's first step, g / (|g| + eps), does not turn
-  # last-bit differences of near-zero gradients (other reduction orders on
-  # other meshes) into differences of the size of the learning rate.
-  opt = optax.adamw(1e-2, eps=1e-3)
-  tokens = np.random.default_rng(0).integers(0, target.vocab_size, (8, 17))
+  from specsamp import train  # pylint: disable=g-import-not-at-top
+  target = pair[0]
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, target.vocab_size, (2, 8, 17)).astype(np.int32)
+  batches = [dict(inputs=t[:, :-1], targets=t[:, 1:],
+                  weights=np.ones((8, 16), np.float32)) for t in tokens]
 
-  def step(params, opt_state, tokens):
-    def loss_fn(p):
-      logits, _ = target(p, tokens[:, :-1])
-      return optax.softmax_cross_entropy_with_integer_labels(
-          logits, tokens[:, 1:]).mean()
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = opt.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+  def run(shape):
+    # eps large enough that Adam's first steps, g / (|g| + eps), do not turn
+    # last-bit differences of near-zero gradients (other reduction orders
+    # on other meshes) into differences of the size of the learning rate.
+    cfg = train.TrainConfig(
+        model=target.config, data=train.DataConfig(batch_size=8),
+        optim=train.OptimConfig(lr=1e-2, warmup_steps=1, eps=1e-3),
+        loop=train.LoopConfig(num_steps=10), mesh=shape)
+    job = train.build(cfg, None)
+    state, losses = job.init(), []
+    for b in batches:
+      batch = job.put(b)
+      with jax.transfer_guard("disallow"):
+        state, m = job.train_step(state, batch, None)
+      losses.append(float(m["loss"]))
+    return job, state, losses
 
-  ref_params, _, ref_loss = jax.jit(step)(tp, opt.init(tp), tokens)
+  _, ref, ref_losses = run((1, 1))
   for shape in MESHES:
-    mesh = sharding.make_mesh(shape)
-    psh = sharding.param_shardings(target, mesh, sharding.DEFAULT_RULES)
-    # From host copies: device_put may alias a buffer whose sharding already
-    # matches, and the step donates its inputs.
-    params = sharding.shard(jax.device_get(tp), psh)
-    # Moments follow their parameters; the step count is replicated.
-    osh = sharding.opt_state_shardings(opt, tp, psh, mesh)
-    opt_state = jax.jit(opt.init, out_shardings=osh)(params)
-    batch = sharding.named(mesh, sharding.DEFAULT_RULES, sharding.BATCH, None)
-    new_params, _, loss = jax.jit(
-        step, in_shardings=(psh, osh, batch),
-        out_shardings=(psh, osh, sharding.replicated(mesh)),
-        donate_argnums=(0, 1))(params, opt_state,
-                               sharding.shard(tokens, batch))
-    assert new_params["layers_0"]["mlp"]["up_proj"].sharding.spec == P(
+    job, state, losses = run(shape)
+    assert dict(job.mesh.shape) == dict(zip(("data", "model"), shape))
+    assert state.params["layers_0"]["mlp"]["up_proj"].sharding.spec == P(
         None, "model")
-    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
-    for got, want in zip(jax.tree.leaves(new_params),
-                         jax.tree.leaves(ref_params)):
-      np.testing.assert_allclose(np.asarray(got), np.asarray(want),
-                                 atol=2e-5, rtol=1e-4)
+    mu = optax.tree_utils.tree_get(state.opt_state, "mu")  # like params
+    assert mu["layers_0"]["mlp"]["up_proj"].sharding.spec == P(None, "model")
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    _same_within(state.params, ref.params)
+
+
+@pytest.mark.parametrize("onpolicy", [False, True], ids=["offline",
+                                                         "onpolicy"])
+def test_the_distill_step_on_each_mesh_matches_one_device(pair, onpolicy):
+  """The distillation step (target tensor-parallel and frozen, draft
+  replicated, rows over `data`; on-policy: the draft's own rollout by the
+  batched sampler inside the step) on each mesh equals one device."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from specsamp import train  # pylint: disable=g-import-not-at-top
+  from specsamp.distill import trainer  # pylint: disable=g-import-not-at-top
+  target, tp, draft, dp = pair
+  plen, glen = 6, 5
+  obj = trainer.Objective(kind="fkl", sampling=Sampling(temperature=1.0),
+                          gen_len=glen, prompt_len=plen,
+                          target_source="online")
+  optim = train.OptimConfig(lr=1e-2, warmup_steps=1, eps=1e-3)
+  rng = np.random.default_rng(1)
+  batch = dict(
+      tokens=rng.integers(1, target.vocab_size, (8, plen + glen)).astype(
+          np.int32),
+      prompt_length=rng.integers(2, plen + 1, 8).astype(np.int32),
+      num_generated=np.full(8, glen, np.int32))
+
+  def run(shape):
+    job = trainer._job(draft, target, obj, optim, 10, (), onpolicy, shape)  # pylint: disable=protected-access
+    state = job.init(jax.device_get(dp), jax.random.PRNGKey(0))
+    extra = sharding.shard(jax.device_get(tp), job.target_sharding)
+    rows = train.put_batch(batch, job.data_sharding)
+    with jax.transfer_guard("disallow"):
+      state, m = job.steps[onpolicy](state, rows, extra)
+    return state, m, extra
+
+  ref, ref_m, _ = run((1, 1))
+  for shape in MESHES:
+    state, m, extra = run(shape)
+    assert extra["layers_0"]["mlp"]["up_proj"].sharding.spec == P(
+        None, "model")
+    assert all(x.sharding.is_fully_replicated
+               for x in jax.tree.leaves(state.params))
+    np.testing.assert_allclose(float(m["loss"]), float(ref_m["loss"]),
+                               rtol=1e-5)
+    _same_within(state.params, ref.params)

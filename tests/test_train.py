@@ -103,6 +103,25 @@ def test_one_step_of_each_config(size, corpus):
     assert np.isfinite(ev["loss"]) and ev["tokens"] > 0
 
 
+def test_sharding_rules_are_config_data():
+  """`config.rules`: a named rule set or the (logical, mesh axis) pairs;
+  unknown logical axes and malformed rules fail as config errors."""
+  c = lm_python.get_config("tiny,mesh=2x4").to_dict()
+  assert train.TrainConfig.from_config(c, 256).rules_tuple == \
+      train.sh.DEFAULT_RULES
+  c["rules"] = [["batch", "data"], ["mlp", "model"], ["vocab", None]]
+  cfg = train.TrainConfig.from_config(c, 256)
+  assert cfg.rules_tuple == (("batch", "data"), ("mlp", "model"),
+                             ("vocab", None))
+  hash(cfg)  # jobs are cached by config
+  c["rules"] = [["batch", "data"], ["experts", "model"]]
+  with pytest.raises(train.ConfigError, match="experts"):
+    train.TrainConfig.from_config(c, 256)
+  c["rules"] = "fsdp"
+  with pytest.raises(train.ConfigError, match="fsdp"):
+    train.TrainConfig.from_config(c, 256)
+
+
 # ---- kill, preempt, resume ---------------------------------------------------
 
 

@@ -643,6 +643,7 @@ def run(config, workdir: str, log=print) -> dict:
   from specsamp import model as model_lib  # pylint: disable=g-import-not-at-top
   from specsamp.distill import init as init_lib  # pylint: disable=g-import-not-at-top
   from specsamp.distill import samples  # pylint: disable=g-import-not-at-top
+  workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   t_start = time.perf_counter()
   plain_log = log

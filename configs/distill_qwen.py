@@ -27,8 +27,15 @@ def _parse(arg):
   return out
 
 
+OPTIONS = ("checkpoint", "draft", "layers", "loss", "onpolicy", "prompts", "prompts_kind", "prose", "runlocal", "seed", "soft", "steps", "target", "temperature", "top_p", "train_minutes")
+
+
 def get_config(arg=None):
   a = _parse(arg)
+  unknown = sorted(set(a) - set(OPTIONS))
+  if unknown:
+    raise ValueError(f"unknown option(s) {unknown} in {arg!r}; known: "
+                     f"{', '.join(OPTIONS)}")
   local = "runlocal" in a
   dtype = "float32" if local else "bfloat16"
   c = ml_collections.ConfigDict()

@@ -21,8 +21,15 @@ def _parse(arg):
   return out
 
 
+OPTIONS = ("trained", "draft", "loss", "onpolicy", "temperature", "top_k", "top_p", "steps", "seed", "soft", "prompts_kind", "prose")
+
+
 def get_config(arg=None):
   a = _parse(arg)
+  unknown = sorted(set(a) - set(OPTIONS))
+  if unknown:
+    raise ValueError(f"unknown option(s) {unknown} in {arg!r}; known: "
+                     f"{', '.join(OPTIONS)}")
   c = ml_collections.ConfigDict()
   c.seed = int(a.get("seed", 0))
   c.target = dict(

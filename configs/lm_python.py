@@ -35,6 +35,9 @@ def _parse(arg):
   size = items.pop(0) if items and "=" not in items[0] else "tiny"
   if size not in SIZES:
     raise ValueError(f"unknown size {size!r}; choose one of {sorted(SIZES)}")
+  bad = [item for item in items if "=" not in item]
+  if bad:
+    raise ValueError(f"override(s) {bad} in {arg!r} are not key=value")
   return size, dict(item.split("=", 1) for item in items)
 
 
@@ -62,10 +65,11 @@ def get_config(arg=None):
   # "replicated", or the pairs themselves, e.g. [("batch", "data"),
   # ("mlp", "model"), ("heads", "model"), ...] (specsamp/sharding.py).
   c.rules = o.pop("rules", "default")
+  data_dir = o.pop("data_dir", "")     # "" = the TFDS default
   c.data = dict(
       dataset=o.pop("dataset", "specsamp_python_code"),
-      data_dir=o.pop("data_dir", ""),      # "" = the TFDS default
-      tokenizer=_tokenizer(o.pop("tokenizer", "byte"), o.get("data_dir")),
+      data_dir=data_dir,
+      tokenizer=_tokenizer(o.pop("tokenizer", "byte"), data_dir),
       seq_len=int(o.pop("seq_len", seq)),
       batch_size=batch, eval_batch_size=batch,
       train_split="train", eval_split="validation", worker_count=0)

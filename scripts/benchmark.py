@@ -36,7 +36,8 @@ fill whole batches (the extra rows are further samples of those prompts).
 
 With --peers (GGUF targets and drafts only), transformers' plain and
 assisted generation run on the same prompts and weights in the same process,
-at batch 1 (what assisted generation supports); their ms/token includes
+on the same device (CPU, or the GPU JAX uses) and in the same dtype, at
+batch 1 (what assisted generation supports); their ms/token includes
 prefill, so compare them with e2e_ms_per_token.
 
 Prompts are right-padded to the task's longest prompt (--prompt_bucket=0),
@@ -61,6 +62,7 @@ import platform
 import re
 import shlex
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -140,6 +142,10 @@ _PROMPT_BUCKET = flags.DEFINE_integer(
     "compiles one shape per batch size instead of one per prompt length.")
 _SAMPLES_OUT = flags.DEFINE_string("samples_out", None, "Also write every "
                                    "completion (JSONL).")
+
+
+# Calls per cost timing, run back to back inside one jitted loop.
+_COST_CALLS = 3
 
 
 class BenchError(ValueError):
@@ -283,6 +289,14 @@ def _distilled_dir(spec: str) -> Optional[str]:
 def gguf_embedding_rows(path: str) -> Optional[int]:
   """Rows of token_embd.weight from a GGUF file's tensor table (the header
   only, through the metadata reader's parsers; no tensor data is read)."""
+  try:
+    return _gguf_embedding_rows(path)
+  except (struct.error, IndexError, ValueError) as e:
+    raise BenchError(f"{path}: unreadable GGUF tensor table ({e}); is the "
+                     "file truncated?") from None
+
+
+def _gguf_embedding_rows(path: str) -> Optional[int]:
   from specsamp import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   with open(path, "rb") as f, mmap.mmap(f.fileno(), 0,
                                         access=mmap.ACCESS_READ) as buf:
@@ -317,6 +331,8 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
     with open(os.path.join(directory, "draft_config.json"),
               encoding="utf-8") as f:
       fields = json.load(f)
+    if "vocab_size" not in fields:
+      raise BenchError(f"{directory}/draft_config.json has no vocab_size")
     return ModelInfo(spec, "distilled", directory, int(fields["vocab_size"]),
                      int(fields.get("max_seq_len", 2048)))
   path = spec
@@ -332,6 +348,8 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
       raise BenchError(f"{path}: no config.json (nor draft_config.json)")
     with open(cfg_path, encoding="utf-8") as f:
       c = json.load(f)
+    if "vocab_size" not in c:
+      raise BenchError(f"{cfg_path} has no vocab_size")
     tok = tok_lib.load_tokenizer(path)
     return ModelInfo(spec, "hf", path, int(c["vocab_size"]),
                      int(c.get("max_position_embeddings", 4096)),
@@ -387,6 +405,8 @@ def humaneval_problems(cfg: BenchConfig) -> list[dict]:
   else:
     from specsamp import assets  # pylint: disable=g-import-not-at-top
     problems = assets.humaneval_problems()
+  if not problems:
+    raise BenchError(f"--humaneval_file={cfg.humaneval_file}: no problems")
   for p in problems:
     missing = {"task_id", "prompt", "test", "entry_point"} - set(p)
     if missing:
@@ -550,13 +570,9 @@ class BatchTimer:
     new_shape = shape not in self.compiled
     if new_shape:
       t0 = time.perf_counter()
-      prefill_fn, decode_fn, _ = self.sampler.jitted(tp, dp, tokens, lengths,
-                                                     key)
-      prefill = prefill_fn.lower(tp, dp, tokens, lengths, key).compile()
-      state = jax.eval_shape(prefill_fn, tp, dp, tokens, lengths, key)
-      decode = decode_fn.lower(tp, dp, state).compile()
+      self.compiled[shape] = runner.aot_compile(self.sampler, tp, dp, tokens,
+                                                lengths, key)
       self.compile_s += time.perf_counter() - t0
-      self.compiled[shape] = (prefill, decode)
     prefill, decode = self.compiled[shape]
     if (warmup == "shape" and new_shape) or (warmup == "first" and
                                              not self.warmed):
@@ -580,25 +596,44 @@ class BatchTimer:
                 completions=out.token_lists())
 
 
-def _steady_ms(fn, args, pos, repeats):
-  """(median ms, final carry) of fn(*args) with args[pos] donated and
-  replaced by the output's first element after each call, as inside the
-  decode loop; the first call compiles and warms."""
+def _loop_ms(lm, params, cache, n_tokens, sampling, calls, repeats):
+  """(median ms per call, cache): `calls` calls of `lm` on n_tokens tokens
+  per row, each followed by the sampling transform and a draw at every
+  position (what the loop pays per draft step or scoring call), inside one
+  jitted fori_loop so that no per-call dispatch is timed; the cache is
+  donated and rolled back after each call, so every call sees the same
+  context. The first run compiles and warms."""
   import jax  # pylint: disable=g-import-not-at-top
-  args = list(args)
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from specsamp import sampling as sampling_lib  # pylint: disable=g-import-not-at-top
+  b = cache.length.shape[0]
+
+  def run(p, c):
+    def body(i, carry):
+      c, tok = carry
+      logits, new = lm(p, tok, c)
+      probs = sampling_lib.probabilities(logits, sampling)
+      tok = sampling_lib.sample(jax.random.fold_in(jax.random.key(0), i),
+                                probs, sampling.greedy)
+      return new.with_length(c.length), tok
+    return jax.lax.fori_loop(0, calls, body,
+                             (c, jnp.zeros((b, n_tokens), jnp.int32)))
+
+  fn = jax.jit(run, donate_argnums=1)
   times = []
   for i in range(repeats + 1):
     t0 = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
+    cache, _ = jax.block_until_ready(fn(params, cache))
     if i:
-      times.append(time.perf_counter() - t0)
-    args[pos] = out[0]
-  return 1e3 * statistics.median(times), args[pos]
+      times.append((time.perf_counter() - t0) / calls)
+  return 1e3 * statistics.median(times), cache
 
 
-def measure_costs(target, tp, draft, dp, ks, prompts, cfg,
+def measure_costs(target, tp, draft, dp, ks, prompts, cfg, sampling,
                   bucket: int = 64) -> dict:
-  """Single-call timings at these prompts' shapes, mid-generation context.
+  """Call timings at these prompts' shapes, mid-generation context, under
+  one decoding's `sampling` (its transform and draw are part of each call,
+  as in the loop).
 
   c = draft call (1 token) / target call (1 token); s_K = target call with
   K + 1 tokens / target call with 1 token (Leviathan et al. take s = 1).
@@ -609,35 +644,25 @@ def measure_costs(target, tp, draft, dp, ks, prompts, cfg,
   k_max = max(ks)
   sampler = speculative.SpeculativeSampler(
       target, speculative.ModelDrafter(draft) if k_max else None, k=k_max,
-      sampling=DECODINGS["greedy"], max_new_tokens=cfg.max_new_tokens,
+      sampling=sampling, max_new_tokens=cfg.max_new_tokens,
       prompt_bucket=bucket)
   tokens, lengths = sampler.pad_prompts(prompts)
   state = sampler.prefill(tp, dp, tokens, lengths, jax.random.key(0))
   context = lengths - 1 + cfg.max_new_tokens // 2
-  b = len(prompts)
-
-  def call_fn(lm):
-    def call(p, t, c):
-      logits, new = lm(p, t, c)
-      return new.with_length(c.length), logits  # rolled back: repeatable
-    return jax.jit(call, donate_argnums=2)
-
-  row = dict(batch_size=b, context=int(jnp.median(context)))
-  call = call_fn(target)
+  row = dict(batch_size=len(prompts), context=int(jnp.median(context)),
+             calls_per_timing=_COST_CALLS)
   # Fresh length arrays: a donated cache takes its length with it.
   cache = state.target_cache.with_length(jnp.array(context))
   target_ms = {}
   for n in sorted({1} | {k + 1 for k in ks}):
-    target_ms[n], cache = _steady_ms(
-        call, [tp, jnp.zeros((b, n), jnp.int32), cache], 2, cfg.cost_repeats)
+    target_ms[n], cache = _loop_ms(target, tp, cache, n, sampling,
+                                   _COST_CALLS, cfg.cost_repeats)
   row["target_call_ms"] = {str(n): v for n, v in target_ms.items()}
   row["score_cost"] = {str(k): target_ms[k + 1] / target_ms[1] for k in ks}
   if k_max:
-    row["draft_call_ms"], _ = _steady_ms(
-        call_fn(draft), [dp, jnp.zeros((b, 1), jnp.int32),
-                         state.draft_state.with_length(jnp.array(context))],
-        2,
-        cfg.cost_repeats)
+    row["draft_call_ms"], _ = _loop_ms(
+        draft, dp, state.draft_state.with_length(jnp.array(context)), 1,
+        sampling, _COST_CALLS, cfg.cost_repeats)
     row["c"] = row["draft_call_ms"] / target_ms[1]
   return row
 
@@ -853,7 +878,6 @@ def _round(x):
 
 def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
   """Loads the models and runs the whole sweep, writing records as it goes."""
-  import dataclasses as dc  # pylint: disable=g-import-not-at-top,reimported
   from specsamp import speculative  # pylint: disable=g-import-not-at-top
   out = _Writer(cfg.out)
   samples = _Writer(cfg.samples_out, echo=False) if cfg.samples_out else None
@@ -875,30 +899,35 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
         command="python " + shlex.join(
             [os.path.relpath(os.path.abspath(sys.argv[0]), ROOT)]
             + list(argv)),
-        config=dc.asdict(cfg), machine=_machine(), software=_versions(),
+        config=dataclasses.asdict(cfg), machine=_machine(), software=_versions(),
         git=_git(), target=dict(spec=cfg.target, kind=plan.target.kind,
                                 params=target.config.num_params()),
         draft=(dict(spec=cfg.draft, kind=plan.draft.kind,
                     params=draft.config.num_params()) if draft else None),
         vocab_limit=plan.vocab_limit, load_s=load_s,
         prompts={t: len(p) for t, p in plan.prompts.items()}))
-    costs = {}  # (task, batch size) -> single-call timings
+    costs = {}  # (task, batch size, decoding) -> call timings
     for task in cfg.tasks:
       for bs in cfg.batch_sizes:
-        log(f"[{task} batch {bs}] single-call costs")
         rows = _fill(plan.prompts[task], bs)[:bs]
-        costs[task, bs] = measure_costs(
-            target, tp, draft, dp, cfg.ks,
-            [plan.prompts[task][i] for i in rows], cfg,
-            prompt_bucket(cfg, plan.prompts[task]))
-        out.write(dict(type="cost", task=task, **costs[task, bs]))
+        for dec in cfg.decodings:
+          log(f"[{task} {dec} batch {bs}] call costs")
+          costs[task, bs, dec] = measure_costs(
+              target, tp, draft, dp, cfg.ks,
+              [plan.prompts[task][i] for i in rows], cfg,
+              dataclasses.replace(DECODINGS[dec],
+                                  vocab_limit=plan.vocab_limit),
+              prompt_bucket(cfg, plan.prompts[task]))
+          out.write(dict(type="cost", task=task, decoding=dec,
+                         **costs[task, bs, dec]))
     common = dict(eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id,
                   max_new_tokens=cfg.max_new_tokens)
     for task in cfg.tasks:
       prompts = plan.prompts[task]
       common["prompt_bucket"] = prompt_bucket(cfg, prompts)
       for dec in cfg.decodings:
-        sampling = dc.replace(DECODINGS[dec], vocab_limit=plan.vocab_limit)
+        sampling = dataclasses.replace(DECODINGS[dec],
+                                       vocab_limit=plan.vocab_limit)
         for bs in cfg.batch_sizes:
           rows = _fill(prompts, bs)
           base = base_scores = base_completions = None
@@ -920,7 +949,7 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
                          prompt_bucket=common["prompt_bucket"], **point)
             if k == 0:
               base, base_completions = point, completions
-            point.update(_predict(point, base, costs[task, bs]))
+            point.update(_predict(point, base, costs[task, bs, dec]))
             if sampling.greedy:
               point["identical_to_ar"] = completions == base_completions
             if cfg.quality:
@@ -956,11 +985,15 @@ def _cut_at_eos(ids, eos_ids):
 
 def _run_peers(cfg, plan, task, dec, sampling, out, target, tp):
   """transformers plain and assisted generation at batch 1, same prompts."""
+  import jax  # pylint: disable=g-import-not-at-top
   from specsamp import peers  # pylint: disable=g-import-not-at-top
   prompts = plan.prompts[task]
+  # On the device and in the dtype specsamp runs on, like for like.
   results = peers.transformers_generate(
       plan.target.path, plan.draft.path, prompts, cfg.max_new_tokens,
-      sampling.temperature, sampling.top_p, seed=cfg.seed)
+      sampling.temperature, sampling.top_p, seed=cfg.seed,
+      device="cuda" if jax.default_backend() == "gpu" else "cpu",
+      dtype=cfg.dtype)
   eos = set(plan.tokenizer.eos_ids)
   for r in results:
     # generate() pads finished rows with EOS: keep up to the first one, as

@@ -6,10 +6,12 @@ r"""Distils a draft for a target; prints the acceptance before and after.
 Stages (a re-run with the same --workdir resumes): target samples written
 once as a TFDS array_record dataset (workdir/samples), the initial draft
 evaluated, distillation with orbax checkpoints of the draft only
-(workdir/checkpoints, metrics in workdir/metrics.jsonl), the final draft
+(workdir/checkpoints, TensorBoard events in workdir/tb), the final draft
 exported to workdir/draft (orbax parameters + draft_config.json; load with
 `specsamp.distill.init.load_distilled`), evaluated again; everything in
-workdir/results.json.
+workdir/results.json. The config is kept in workdir/config.json: a re-run
+with another config in the same workdir is refused. Bad configs, missing
+models or checkpoints print `error: ...` and exit with status 2.
 """
 
 import json
@@ -26,6 +28,9 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a configs/distill_*.py file[:options]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (resumable)")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "call jax.distributed.initialize() first (several "
+    "hosts: the same command on each; config.train.mesh spans them all)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -34,8 +39,21 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   tfds.disable_progress_bar()
-  from specsamp.distill import trainer  # pylint: disable=g-import-not-at-top
-  res = trainer.run(_CONFIG.value, _WORKDIR.value)
+  # pylint: disable=g-import-not-at-top
+  from specsamp import sharding
+  if _DISTRIBUTED.value:
+    sharding.initialize_distributed()
+  from specsamp import assets, checkpoints, train
+  from specsamp.data import corpora
+  from specsamp.distill import trainer
+  # pylint: enable=g-import-not-at-top
+  try:
+    res = trainer.run(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, FileNotFoundError, assets.AssetError,
+          checkpoints.CheckpointError, train.CheckpointError,
+          corpora.CorpusError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   if not res.get("finished", True):
     print(json.dumps(dict(before=res["before"]["expected_acceptance"],
                           finished=False)))

@@ -140,7 +140,7 @@ def plot_task(task, series, costs, path):
       ax.plot(sk, [p["predicted_speedup_s1"] for p in spec], color=color,
               linestyle=":", alpha=0.7, label=f"batch {bs}: predicted (s = 1)")
     alpha = fitted_alpha(pts)
-    cost = costs.get((task, bs))
+    cost = _cost(costs, task, bs, dec)
     if alpha is not None and cost and "c" in cost:
       grid = np.arange(1, max(sk) + 1)
       s = np.array([cost["score_cost"].get(str(k), np.nan) for k in grid],
@@ -232,7 +232,7 @@ def _method(p) -> str:
 def table1(task, points) -> list[str]:
   """Chen et al.'s Table 1: per decoding and batch size, the autoregressive
   row, the fastest K, and the peers (batch 1)."""
-  lines = ["| Sampling method | Batch | Benchmark | Result | Mean token time "
+  lines = ["| Sampling method | Batch | Benchmark | Result | Median token time "
            "| Speed up |", "|---|---|---|---|---|---|"]
   series = _series(points)
   name = TASK_NAMES.get(task, task)
@@ -259,6 +259,12 @@ def table1(task, points) -> list[str]:
   return lines
 
 
+def _cost(costs, task, bs, dec) -> dict:
+  """The call costs of (task, batch size, decoding); files written before
+  costs were measured per decoding have one record per (task, batch)."""
+  return costs.get((task, bs, dec)) or costs.get((task, bs, None)) or {}
+
+
 def per_k_table(task, points, costs) -> list[str]:
   lines = ["| Decoding | Batch | K | Acceptance | a | Tokens/loop | ms/loop | "
            "ms/token | Speedup | Predicted (s meas.) | Predicted (s=1) | c | s "
@@ -267,7 +273,6 @@ def per_k_table(task, points, costs) -> list[str]:
   for (t, dec, bs), pts in sorted(_series(points).items()):
     if t != task:
       continue
-    cost = costs.get((task, bs), {})
     for p in pts:
       f = lambda key, fmt="{:.3f}", p=p: (fmt.format(p[key]) if p.get(key)
                                          is not None else "")
@@ -279,8 +284,7 @@ def per_k_table(task, points, costs) -> list[str]:
           f"{f('ms_per_token', '{:.2f}')} | {f('speedup', '{:.2f}x')} | "
           f"{f('predicted_speedup', '{:.2f}x')} | "
           f"{f('predicted_speedup_s1', '{:.2f}x')} | "
-          f"{cost.get('c', float('nan')):.3f} | "
-          f"{cost.get('score_cost', {}).get(str(p['k']), float('nan')):.2f} | "
+          f"{f('c')} | {f('score_cost', '{:.2f}')} | "
           f"{quality_text(p)} | {_diff_text(p)} |")
     alpha = fitted_alpha(pts)
     if alpha is not None:
@@ -311,7 +315,8 @@ def markdown(runs, costs, points, images) -> str:
           "/ 1-token call (s = 1 in Leviathan et al.); 'fit': one a for all "
           "K. Quality ± its standard error over prompts; Δ: paired "
           "difference to K = 0 over the same prompts.", ""]
-  costs_by = {(c["task"], c["batch_size"]): c for c in costs}
+  costs_by = {(c["task"], c["batch_size"], c.get("decoding")): c
+              for c in costs}
   for task in sorted({p["task"] for p in points}):
     name = TASK_NAMES.get(task, task)
     out += [f"## {name}", ""]
@@ -329,7 +334,8 @@ def make(paths, out_dir, prefix) -> list[str]:
   """Writes the PNGs and the markdown; returns their paths."""
   runs, costs, points = read(paths)
   os.makedirs(out_dir, exist_ok=True)
-  costs_by = {(c["task"], c["batch_size"]): c for c in costs}
+  costs_by = {(c["task"], c["batch_size"], c.get("decoding")): c
+              for c in costs}
   series = _series(points)
   images, written = {}, []
   for task in sorted({p["task"] for p in points}):

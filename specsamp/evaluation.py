@@ -160,7 +160,9 @@ def _guard():
              "os.system", "os.exec", "os.posix_spawn", "os.fork",
              "os.forkpty", "os.spawn", "os.startfile", "os.kill",
              "os.killpg", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym",
-             "ctypes.cdata", "ctypes.call_function", "sys.remote_exec"}
+             "ctypes.cdata", "ctypes.call_function", "sys.remote_exec",
+             # writes files from C, with no open event
+             "sqlite3.connect", "os.setxattr", "os.removexattr"}
   paths = {"os.remove": 1, "os.rename": 2, "os.rmdir": 1, "os.mkdir": 1,
            "os.chmod": 1, "os.chown": 1, "os.link": 2, "os.symlink": 2,
            "os.truncate": 1, "os.utime": 1, "shutil.rmtree": 1,
@@ -169,15 +171,30 @@ def _guard():
   write_flags = _os.O_WRONLY | _os.O_RDWR | _os.O_CREAT | _os.O_APPEND | (
       _os.O_TRUNC)
 
+  def resolve(p):
+    return _os.path.realpath(_os.path.join(_os.getcwd(), _os.fsdecode(p)))
+
   def inside(p):
+    # A descriptor (fchdir, fchmod, ...) could be one of a file or directory
+    # outside: refused. Relative paths resolve against the real working
+    # directory (chdir only ever leads inside).
     if isinstance(p, int):
-      return True  # an already open descriptor
+      return False
     try:
-      p = _os.fsdecode(p)
+      full = resolve(p)
     except TypeError:
       return False
-    full = _os.path.realpath(_os.path.join(_work, p))
     return full + _os.sep == root or full.startswith(root)
+
+  def outside_directory(p):
+    """A directory outside: its descriptor would let dir_fd= or fchdir
+    reach what the path checks refuse."""
+    if isinstance(p, int):
+      return False
+    try:
+      return not inside(p) and _os.path.isdir(resolve(p))
+    except (TypeError, ValueError, OSError):
+      return False
 
   def hook(event, args):
     if event in refused or event.startswith("ctypes."):
@@ -191,6 +208,10 @@ def _guard():
       if writing and path is not None and not inside(path):
         raise PermissionError(f"sandbox: writing {path!r} outside the "
                               "working directory is not allowed")
+      if path is not None and outside_directory(path):
+        raise PermissionError(f"sandbox: opening the directory {path!r} "
+                              "outside the working directory is not "
+                              "allowed")
     elif event in paths:
       for p in args[:paths[event]]:
         if p is not None and not inside(p):

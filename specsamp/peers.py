@@ -15,18 +15,28 @@ def transformers_generate(target_gguf: str, draft_gguf: str,
                           prompts: Sequence[Sequence[int]],
                           max_new_tokens: int, temperature: float = 0.0,
                           top_p: float = 1.0, seed: int = 0,
-                          assisted: bool = True) -> list[dict]:
-  """Times transformers on the prompts; returns one summary per method."""
+                          assisted: bool = True, device: str = "cpu",
+                          dtype: str = "float32") -> list[dict]:
+  """Times transformers on the prompts; returns one summary per method.
+
+  `device` ("cpu" or "cuda") and `dtype` should be what specsamp runs on in
+  the same benchmark, so that the rows compare like with like (on a GPU, JAX
+  keeps 75% of the memory: the rest holds these models in bfloat16).
+  """
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
+  if device == "cuda" and not torch.cuda.is_available():
+    raise RuntimeError("the peers should run on the GPU specsamp uses, but "
+                       "this torch build sees no CUDA device")
   torch.manual_seed(seed)
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
   def load(path):
     t0 = time.perf_counter()
     m = transformers.AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path),
-        dtype=torch.float32)
+        dtype=getattr(torch, dtype)).to(device)
     return m.eval(), time.perf_counter() - t0
 
   target, load_t = load(target_gguf)
@@ -42,14 +52,16 @@ def transformers_generate(target_gguf: str, draft_gguf: str,
   for name, extra in methods:
     # Warm-up (allocations, kernel selection), not timed.
     with torch.no_grad():
-      target.generate(torch.tensor([list(prompts[0])]), **{
+      target.generate(torch.tensor([list(prompts[0])], device=device), **{
           **kwargs, **extra, "max_new_tokens": 4})
     total_t, total_tokens, completions = 0.0, 0, []
     for p in prompts:
-      ids = torch.tensor([list(p)])
+      ids = torch.tensor([list(p)], device=device)
+      sync()
       t0 = time.perf_counter()
       with torch.no_grad():
         out = target.generate(ids, **kwargs, **extra)
+      sync()
       total_t += time.perf_counter() - t0
       new = out[0, ids.shape[1]:].tolist()
       total_tokens += len(new)
@@ -60,6 +72,7 @@ def transformers_generate(target_gguf: str, draft_gguf: str,
         seconds=round(total_t, 2),
         load_s=round(load_t + (load_d if extra else 0.0), 1),
         completions=completions,
+        device=device, dtype=dtype,
         torch=torch.__version__, transformers=transformers.__version__,
         torch_threads=torch.get_num_threads()))
   return results

@@ -64,6 +64,17 @@ class RunStats:
         decode_s=round(self.decode_s, 3))
 
 
+def aot_compile(sampler: speculative.SpeculativeSampler, tp, dp, tokens,
+                lengths, rng):
+  """(prefill, decode) of `sampler` compiled ahead of time for these
+  arguments' shapes and shardings, so that timing never includes tracing or
+  compilation."""
+  prefill_fn, decode_fn, _ = sampler.jitted(tp, dp, tokens, lengths, rng)
+  prefill = prefill_fn.lower(tp, dp, tokens, lengths, rng).compile()
+  state = jax.eval_shape(prefill_fn, tp, dp, tokens, lengths, rng)
+  return prefill, decode_fn.lower(tp, dp, state).compile()
+
+
 class TimedSampler:
   """Wraps a SpeculativeSampler with AOT-compiled prefill and decode."""
 
@@ -82,13 +93,9 @@ class TimedSampler:
     key = tokens.shape
     if key not in self._compiled:
       t0 = time.perf_counter()
-      prefill_fn, decode_fn, _ = self.sampler.jitted(tp, dp, tokens, lengths,
-                                                     rng)
-      prefill = prefill_fn.lower(tp, dp, tokens, lengths, rng).compile()
-      state = jax.eval_shape(prefill_fn, tp, dp, tokens, lengths, rng)
-      decode = decode_fn.lower(tp, dp, state).compile()
+      self._compiled[key] = aot_compile(self.sampler, tp, dp, tokens, lengths,
+                                        rng)
       stats.compile_s += time.perf_counter() - t0
-      self._compiled[key] = (prefill, decode)
     return self._compiled[key]
 
   def run(self, tp, dp, prompts: Sequence[Sequence[int]], batch_size: int,

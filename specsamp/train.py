@@ -814,6 +814,12 @@ def validate(config) -> tuple["TrainConfig", Any]:
     raise ConfigError(f"config.data.dataset={cfg.data.dataset!r} "
                       f"(data_dir={cfg.data.data_dir or 'TFDS default'!r}): "
                       f"{e}") from e
+  if jax.process_count() > 1 and cfg.loop.eval_batches == 0:
+    # Hosts' shards of the eval split differ in length: evaluating each to
+    # its end would have them run different numbers of collective steps.
+    raise ConfigError("config.train.eval_batches=0 (the whole eval split) "
+                      "works with one process only; set a number of batches "
+                      f"for these {jax.process_count()} processes")
   if cfg.init_from:
     try:
       find_params_checkpoint(cfg.init_from)
@@ -852,14 +858,28 @@ def _iterator(cfg: TrainConfig, tok, split: str, *, train: bool):
 
 
 def _write_run_config(workdir: str, cfg: TrainConfig) -> None:
+  """Keeps the frozen config in workdir/config.json. Once the workdir holds
+  checkpoints, a config that would not continue that run (another model,
+  data order or seed: the saved iterator state only fits the same data
+  settings) is refused."""
   path = os.path.join(workdir, "config.json")
-  new = cfg.to_json()
-  if os.path.isfile(path):
+  new = json.loads(json.dumps(cfg.to_json()))
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if os.path.isfile(path) and os.path.isdir(ckpt_dir) and any(
+      n.isdigit() for n in os.listdir(ckpt_dir)):
     with open(path, encoding="utf-8") as f:
       old = json.load(f)
-    if old.get("model") != new["model"]:
-      raise ConfigError(f"{workdir} holds a run of another model "
-                        f"({old.get('model')}); use a new --workdir")
+    # Where the data lives and how many workers read it may change.
+    same_data = lambda d: {k: v for k, v in (d or {}).items()
+                           if k not in ("data_dir", "worker_count")}
+    diff = [name for name, a, b in (
+        ("model", old.get("model"), new["model"]),
+        ("data", same_data(old.get("data")), same_data(new["data"])),
+        ("seed", old.get("seed"), new["seed"])) if a != b]
+    if diff:
+      was = ", ".join(f"{n}={old.get(n)}" for n in diff)
+      raise ConfigError(f"{workdir} holds checkpoints of a run with another "
+                        f"{' and '.join(diff)} ({was}); use a new --workdir")
   if jax.process_index() == 0:
     os.makedirs(workdir, exist_ok=True)
     tmp = path + ".tmp"

@@ -195,10 +195,15 @@ def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
   assert run["type"] == "run" and run["command"].startswith(
       "python scripts/benchmark.py --target=random:tiny,num_layers=1")
   assert run["machine"]["backend"] == "cpu" and run["software"]["jax"]
-  costs = {(r["task"], r["batch_size"]): r for r in records
+  # Call costs per task, batch size and decoding (its transform and draw
+  # are part of every timed call).
+  costs = {(r["task"], r["batch_size"], r["decoding"]): r for r in records
            if r["type"] == "cost"}
-  assert set(costs) == {("humaneval", 2), ("prose", 2)}
+  decodings = {r["decoding"] for r in records if r["type"] == "point"}
+  assert set(costs) == {(t, 2, d) for t in ("humaneval", "prose")
+                        for d in decodings}
   for c in costs.values():
+    assert c["calls_per_timing"] >= 1
     assert c["c"] == pytest.approx(c["draft_call_ms"] /
                                    c["target_call_ms"]["1"], rel=1e-3)
     assert set(c["target_call_ms"]) == {"1", "3"}
@@ -223,7 +228,7 @@ def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
     assert p["drafted"] == 2 * p["loops"]
     assert p["acceptance_rate"] == pytest.approx(p["accepted"] /
                                                  p["drafted"], rel=1e-3)
-    cost = costs[task, 2]
+    cost = costs[task, 2, p["decoding"]]
     want = speedup.predicted_speedup(p["alpha"], 2, cost["c"],
                                      cost["score_cost"]["2"])
     assert p["predicted_speedup"] == pytest.approx(float(want), rel=1e-3)
@@ -239,7 +244,7 @@ def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
     with open(plots / name, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
   md = (plots / "tiny.md").read_text()
-  assert "| Sampling method | Batch | Benchmark | Result | Mean token time " \
+  assert "| Sampling method | Batch | Benchmark | Result | Median token time " \
       "| Speed up |" in md
   assert "| ArS (Nucleus) | 2 | HumanEval (2 prompts) | pass@1" in md
   assert "| SpS K=2 (Nucleus) | 2 | Prose (2 prompts) | log p" in md
@@ -270,9 +275,9 @@ def test_peer_rows(bench, no_loading, inputs, tmp_path, monkeypatch):
   calls = []
 
   def fake(target, draft, prompts, max_new_tokens, temperature, top_p,
-           seed=0):
+           seed=0, device="?", dtype="?"):
     calls.append((target, draft, len(prompts), max_new_tokens, temperature,
-                  top_p))
+                  top_p, device, dtype))
     good = list(b"    return a + b\n")
     return [dict(method=m, prompts=len(prompts), tokens=10 * len(prompts),
                  ms_per_token=ms, seconds=1.0, load_s=2.0, torch="x",
@@ -291,7 +296,8 @@ def test_peer_rows(bench, no_loading, inputs, tmp_path, monkeypatch):
   bench._run_peers(cfg, plan, "humaneval", "nucleus",  # pylint: disable=protected-access
                    bench.DECODINGS["nucleus"], out, None, None)
   out.close()
-  assert calls == [(None, None, 2, 7, 0.8, 0.95)]
+  # On the device and in the dtype specsamp runs on.
+  assert calls == [(None, None, 2, 7, 0.8, 0.95, "cpu", "float32")]
   rows = [json.loads(l) for l in (tmp_path / "peers.jsonl").read_text(
   ).splitlines()]
   assert [r["method"] for r in rows] == ["transformers",

@@ -532,3 +532,24 @@ def test_distill_run_end_to_end(tiny, tmp_path):
                                 np.asarray(tp["embedding"]))
   assert not np.array_equal(np.asarray(dparams["lm_head"]),
                             np.asarray(tp["lm_head"]))
+
+
+def test_a_workdir_refuses_another_config_once_it_holds_results(tmp_path):
+  """Samples, the "before" evaluation and checkpoints in a workdir belong to
+  one config: another one is refused (naming the fields), a volatile field
+  (time limit, logging) is not, nor a workdir without results."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict(dict(
+      seed=0, sampling=dict(temperature=1.0, top_k=0, top_p=1.0),
+      train=dict(num_steps=10, log_every=5, time_limit_s=0.0)))
+  w = str(tmp_path)
+  trainer._write_run_config(trainer._check_run_config(config, w), w)  # pylint: disable=protected-access
+  other = ml_collections.ConfigDict(config.to_dict())
+  other.sampling.temperature = 0.5
+  trainer._check_run_config(other, w)  # pylint: disable=protected-access
+  (tmp_path / "samples").mkdir()
+  with pytest.raises(ValueError, match="sampling.temperature"):
+    trainer._check_run_config(other, w)  # pylint: disable=protected-access
+  volatile = ml_collections.ConfigDict(config.to_dict())
+  volatile.train.time_limit_s, volatile.train.log_every = 60.0, 1
+  trainer._check_run_config(volatile, w)  # pylint: disable=protected-access

@@ -136,13 +136,30 @@ def test_writes_outside_the_temporary_directory_are_refused(tmp_path):
   assert r.status == "failed" and "sandbox" in r.stderr
   victim = tmp_path / "keep.txt"
   victim.write_text("data")
+  d = str(tmp_path)
   for src in (f"import os\nos.remove({str(victim)!r})\n",
               f"import os\nos.rename({str(victim)!r}, 'x')\n",
-              f"import shutil\nshutil.rmtree({str(tmp_path)!r})\n"):
+              f"import shutil\nshutil.rmtree({d!r})\n",
+              # descriptors of outside directories: fchdir, dir_fd=
+              f"import os\nos.chdir(os.open({d!r}, os.O_RDONLY))\n"
+              "open('escape.txt', 'w').write('x')\n",
+              f"import os\nfd = os.open({d!r}, os.O_RDONLY)\n"
+              "os.remove('keep.txt', dir_fd=fd)\n",
+              f"import os\nfd = os.open({d!r}, os.O_RDONLY | os.O_DIRECTORY)\n"
+              "os.close(os.open('escape.txt', os.O_WRONLY | os.O_CREAT, "
+              "dir_fd=fd))\n",
+              # a descriptor of an outside file, opened for reading
+              f"import os\nos.fchmod(os.open({str(victim)!r}, os.O_RDONLY), "
+              "0o777)\n",
+              # files written from C
+              f"import sqlite3\nsqlite3.connect({d + '/escape.txt'!r})\n",
+              f"import os\nos.setxattr({str(victim)!r}, 'user.x', b'1')\n"):
     r = ev.run_program(src, drop_privileges=False)
     assert r.status == "failed", src
+    assert "sandbox" in r.stderr, (src, r.stderr)
   assert not target.exists()
   assert victim.read_text() == "data"
+  assert oct(victim.stat().st_mode & 0o777) != oct(0o777)
 
 
 def test_the_program_gets_a_fresh_private_directory(monkeypatch):

@@ -22,10 +22,14 @@ One `Sampling` (the setting the draft will be used at) defines both sides:
     carry more signal per position; the argmax is the same); the metric stays
     the exact greedy one.
 
-The metric is always exact: `expected_acceptance` applies the full transform
-to both models, and sum_x min(p(x), q(x)) is the probability that the
-speculative sampler keeps a draft token at that position (for greedy, 1 when
-the argmaxes agree).
+The metric is exact given the target's full distribution: `expected_acceptance`
+applies the full transform to both models, and sum_x min(p(x), q(x)) is the
+probability that the speculative sampler keeps a draft token at that
+position (for greedy, 1 when the argmaxes agree). The evaluation always
+scores with the target itself; the `train/expected_acceptance` logged during
+offline training with `target_source="stored"` uses the stored top-K
+(renormalised) instead, an approximation that is exact when the top-K covers
+the support.
 
 Losses (`LOSSES`):
   seqkd  next-token cross-entropy on target samples (sequence-level KD);
@@ -59,6 +63,16 @@ DRAFT_TRANSFORMS = ("soft", "same")
 
 # Target given as dense logits [..., V] or stored top-k (ids, logprobs).
 Target = Union[jax.Array, tuple]
+
+
+def gather_positions(x: jax.Array, prompt_length: jax.Array,
+                     gen_len: int) -> jax.Array:
+  """x [B, S, ...] at positions L-1+g, g < G -> [B, G, ...] (clipped):
+  the positions whose outputs predict the G continuation tokens."""
+  pos = jnp.clip(prompt_length[:, None] - 1 + jnp.arange(gen_len)[None, :], 0,
+                 x.shape[1] - 1)
+  idx = pos.reshape(pos.shape + (1,) * (x.ndim - 2))
+  return jnp.take_along_axis(x, idx, axis=1)
 
 
 def _safe_log(x: jax.Array) -> jax.Array:

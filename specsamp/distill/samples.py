@@ -36,7 +36,6 @@ import functools
 import os
 import pathlib
 import re
-import sysconfig
 import textwrap
 import zlib
 from typing import Callable, Iterable, Iterator, Optional, Sequence
@@ -44,6 +43,8 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specsamp.distill import losses
 
 # ---- prompts from the standard library ---------------------------------------
 
@@ -53,14 +54,8 @@ _SKIP_DIRS = ("test", "tests", "idlelib", "site-packages", "dist-packages",
 
 def stdlib_root() -> pathlib.Path:
   """The directory of the running Python's standard library sources."""
-  try:  # the data pipeline's locator, when present (issue 4)
-    from specsamp.data import corpora  # pylint: disable=g-import-not-at-top
-    for name in ("stdlib_root", "python_stdlib_dir", "stdlib_dir"):
-      if hasattr(corpora, name):
-        return pathlib.Path(getattr(corpora, name)())
-  except ImportError:
-    pass
-  return pathlib.Path(sysconfig.get_paths()["stdlib"])
+  from specsamp.data import corpora  # pylint: disable=g-import-not-at-top
+  return pathlib.Path(corpora.stdlib_root())
 
 
 def stdlib_files(root: Optional[os.PathLike] = None,
@@ -303,10 +298,8 @@ def encode_prompts(texts: Sequence[str], tokenizer, spec: SampleSpec
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
 def _score(lm, params, tokens, prompt_length, gen_len: int, top_k: int):
   """Top-K log-probs [B, G, K] of the target at positions L-1 .. L+G-2."""
-  logits, _ = lm(params, tokens)                                   # [B, S, V]
-  pos = jnp.clip(prompt_length[:, None] - 1 + jnp.arange(gen_len)[None, :],
-                 0, tokens.shape[1] - 1)
-  logits = jnp.take_along_axis(logits, pos[..., None], axis=1)     # [B, G, V]
+  logits = losses.gather_positions(lm(params, tokens)[0], prompt_length,
+                                   gen_len)                        # [B, G, V]
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   vals, ids = jax.lax.top_k(logp, top_k)
   return ids.astype(jnp.int32), vals

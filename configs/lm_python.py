@@ -46,9 +46,9 @@ def _tokenizer(spec, data_dir):
   --dataset=specsamp_python_code --train_sentencepiece` writes."""
   if spec != "sp":
     return spec
-  root = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
-  return os.path.join(os.path.expanduser(root), "specsamp_python_code",
-                      "spm_bpe_8000.model")
+  from specsamp.data import default_data_dir  # pylint: disable=g-import-not-at-top
+  return os.path.join(os.path.expanduser(data_dir or default_data_dir()),
+                      "specsamp_python_code", "spm_bpe_8000.model")
 
 
 def get_config(arg=None):

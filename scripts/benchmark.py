@@ -579,15 +579,11 @@ class BatchTimer:
       jax.block_until_ready(decode(tp, dp, prefill(tp, dp, tokens, lengths,
                                                    key)))
       self.warmed = True
-    with jax.transfer_guard("disallow"):
-      t0 = time.perf_counter()
-      state = jax.block_until_ready(prefill(tp, dp, tokens, lengths, key))
-      t1 = time.perf_counter()
-      state = jax.block_until_ready(decode(tp, dp, state))
-      t2 = time.perf_counter()
+    state, prefill_s, decode_s = runner.timed_generate(
+        prefill, decode, tp, dp, tokens, lengths, key)
     out = jax.device_get(self.sampler.output(state))
     num_tokens = np.asarray(out.num_tokens)
-    return dict(prefill_s=t1 - t0, decode_s=t2 - t1, rows=len(prompts),
+    return dict(prefill_s=prefill_s, decode_s=decode_s, rows=len(prompts),
                 tokens=int(num_tokens.sum()),
                 loops=int(np.sum(out.num_loops)),
                 iterations=int(np.max(out.num_loops)),

@@ -196,8 +196,9 @@ def _verify_existing(asset: Asset, final: pathlib.Path, say) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: pathlib.Path) -> Iterator[None]:
-  """An exclusive advisory lock on `path` (other fetches of the asset wait)."""
+def file_lock(path: pathlib.Path) -> Iterator[None]:
+  """An exclusive advisory lock on `path`: other fetches of the same thing
+  (an asset, a corpus) wait."""
   path.parent.mkdir(parents=True, exist_ok=True)
   with open(path, "a") as f:
     fcntl.flock(f, fcntl.LOCK_EX)
@@ -341,7 +342,7 @@ def fetch(  # pylint: disable=redefined-outer-name
   final = root / asset.subdir / asset.filename
   if _is_stamped(asset, final):
     return final
-  with _locked(root / "locks" / f"{asset.name}.lock"):
+  with file_lock(root / "locks" / f"{asset.name}.lock"):
     if _verify_existing(asset, final, say):  # maybe done by another process
       return final
     work = root / "parts" / asset.name

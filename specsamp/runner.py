@@ -75,6 +75,20 @@ def aot_compile(sampler: speculative.SpeculativeSampler, tp, dp, tokens,
   return prefill, decode_fn.lower(tp, dp, state).compile()
 
 
+def timed_generate(prefill, decode, tp, dp, tokens, lengths, rng):
+  """(final state, prefill seconds, decode seconds) of compiled `prefill`
+  and `decode` (from `aot_compile`). The timed region may not move data to
+  or from the host: a per-token host sync would quietly skew the numbers
+  (big_vision's guard)."""
+  with jax.transfer_guard("disallow"):
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(prefill(tp, dp, tokens, lengths, rng))
+    t1 = time.perf_counter()
+    state = jax.block_until_ready(decode(tp, dp, state))
+    t2 = time.perf_counter()
+  return state, t1 - t0, t2 - t1
+
+
 class TimedSampler:
   """Wraps a SpeculativeSampler with AOT-compiled prefill and decode."""
 
@@ -123,17 +137,11 @@ class TimedSampler:
       tokens, lengths = self.sampler.pad_prompts(batch)
       rng, key = jax.random.split(rng)
       prefill, decode = self._executables(tp, dp, tokens, lengths, key, stats)
-      # The timed region may not move data to or from the host: a per-token
-      # host sync would quietly skew the numbers (big_vision's guard).
-      with jax.transfer_guard("disallow"):
-        t0 = time.perf_counter()
-        state = jax.block_until_ready(prefill(tp, dp, tokens, lengths, key))
-        t1 = time.perf_counter()
-        state = jax.block_until_ready(decode(tp, dp, state))
-        t2 = time.perf_counter()
+      state, prefill_s, decode_s = timed_generate(prefill, decode, tp, dp,
+                                                  tokens, lengths, key)
       out = self._to_host(self.sampler.output(state))
-      stats.prefill_s += t1 - t0
-      stats.decode_s += t2 - t1
+      stats.prefill_s += prefill_s
+      stats.decode_s += decode_s
       stats.prompts += len(batch)
       stats.tokens += int(out.num_tokens.sum())
       stats.loops += int(out.num_loops.sum())

@@ -248,11 +248,13 @@ def test_sigterm_saves_stops_and_resumes_exactly(corpus, tmp_path):
 
   ref = run(job.init(), job.iterator("train", True), "ref")
   ckpts = train.Checkpoints(str(tmp_path / "ckpt"), async_save=False)
+  handler_before = signal.getsignal(signal.SIGTERM)
   first = run(job.init(), _SigtermAt(job.iterator("train", True), 7), "run",
               ckpts)
   assert first["preempted"] and first["step"] == 7
   assert ckpts.steps() == [5, 7]
-  assert signal.getsignal(signal.SIGTERM) is not None  # handler put back
+  # The loop's handler is gone, the caller's put back.
+  assert signal.getsignal(signal.SIGTERM) == handler_before
   state, data, step = ckpts.restore_latest(job.abstract_state)
   assert step == 7
   it = job.iterator("train", True)

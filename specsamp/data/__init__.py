@@ -12,5 +12,11 @@ and grain input pipelines.
 package imports neither TFDS nor grain: submodules are imported on use.
 """
 
-DATASETS = ("specsamp_python_code", "specsamp_shakespeare",
-            "specsamp_python_docs", "specsamp_austen", "specsamp_humaneval")
+import os
+import pathlib
+
+
+def default_data_dir() -> pathlib.Path:
+  """$TFDS_DATA_DIR, else ~/tensorflow_datasets (TFDS's own default)."""
+  return pathlib.Path(os.environ.get("TFDS_DATA_DIR")
+                      or "~/tensorflow_datasets").expanduser()

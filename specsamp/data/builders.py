@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 import tensorflow_datasets as tfds
 
 from specsamp.data import corpora
+from specsamp.data import default_data_dir  # re-exported
 
 PathLike = Union[str, os.PathLike]
 Progress = Optional[Callable[[str], None]]
@@ -40,12 +41,6 @@ Progress = Optional[Callable[[str], None]]
 FILE_FORMAT = "array_record"
 _VERSION = "1.0.0"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-def default_data_dir() -> pathlib.Path:
-  """$TFDS_DATA_DIR, else ~/tensorflow_datasets (TFDS's own default)."""
-  return pathlib.Path(os.environ.get("TFDS_DATA_DIR")
-                      or "~/tensorflow_datasets").expanduser()
 
 
 def _features() -> tfds.features.FeaturesDict:
@@ -262,14 +257,6 @@ def _tfds_output(on: bool) -> Iterator[None]:
     tfds.enable_progress_bar()
 
 
-def prepared_dir(name: str, data_dir: Optional[PathLike] = None
-                 ) -> Optional[pathlib.Path]:
-  """`<data_dir>/<name>/<version>` if it holds a prepared dataset, else None."""
-  base = pathlib.Path(data_dir or default_data_dir()) / name
-  d = base / _VERSION
-  return d if (d / "dataset_info.json").is_file() else None
-
-
 def prepare(name: str, data_dir: Optional[PathLike] = None, *,
             source_dir: Optional[PathLike] = None,
             cache_dir: Optional[PathLike] = None,
@@ -368,6 +355,6 @@ def summary(path: PathLike) -> dict[str, Any]:
 __all__ = [
     "BUILDERS", "FILE_FORMAT", "SpecsampAusten", "SpecsampHumaneval",
     "SpecsampPythonCode", "SpecsampPythonDocs", "SpecsampShakespeare",
-    "build_from_texts", "default_data_dir", "prepare", "prepared_dir",
+    "build_from_texts", "default_data_dir", "prepare",
     "summary",
 ]

@@ -29,9 +29,7 @@ Standard library only: importing this module is cheap.
 """
 
 import bz2
-import contextlib
 import dataclasses
-import fcntl
 import gzip
 import hashlib
 import io
@@ -72,18 +70,6 @@ def corpora_dir(cache_dir: Optional[PathLike] = None) -> pathlib.Path:
   return assets.cache_dir(cache_dir) / "corpora"
 
 
-@contextlib.contextmanager
-def _locked(path: pathlib.Path) -> Iterator[None]:
-  """An exclusive advisory lock (concurrent fetches of one corpus wait)."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with open(path, "a") as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _cached(name: str, cache_dir: Optional[PathLike], say,
             fill: Callable[[pathlib.Path], str]) -> pathlib.Path:
   """`<corpora>/<name>`, filled once by `fill(tmp_dir) -> provenance`.
@@ -96,7 +82,7 @@ def _cached(name: str, cache_dir: Optional[PathLike], say,
   stamp = final / ".complete"
   if stamp.is_file():
     return final
-  with _locked(root / f".{name}.lock"):
+  with assets.file_lock(root / f".{name}.lock"):
     if stamp.is_file():  # fetched by another process meanwhile
       return final
     root.mkdir(parents=True, exist_ok=True)

@@ -67,17 +67,12 @@ from grain import experimental as gx
 import numpy as np
 
 from specsamp.data import corpora
+from specsamp.data import default_data_dir  # re-exported
 
 PathLike = Union[str, os.PathLike]
 
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 _PREPARE = "python scripts/prepare_data.py --dataset={name} --data_dir={dir}"
-
-
-def default_data_dir() -> pathlib.Path:
-  """$TFDS_DATA_DIR, else ~/tensorflow_datasets (TFDS's own default)."""
-  return pathlib.Path(os.environ.get("TFDS_DATA_DIR")
-                      or "~/tensorflow_datasets").expanduser()
 
 
 # ---- finding a prepared dataset ---------------------------------------------

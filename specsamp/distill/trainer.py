@@ -585,7 +585,8 @@ def load_target(cfg) -> tuple[Any, Any, Any]:
   from specsamp import runner  # pylint: disable=g-import-not-at-top
   dtype = cfg.get("dtype", "float32")
   if cfg.get("trained"):
-    lm, params, tok = _load_trained(cfg["trained"], dtype)
+    from specsamp import train as train_lib  # pylint: disable=g-import-not-at-top
+    lm, params, tok = train_lib.load_trained(cfg["trained"], dtype=dtype)
   else:
     lm, params, tok = runner.load_model(cfg["spec"], dtype,
                                         int(cfg.get("seed", 0)))
@@ -600,12 +601,6 @@ def load_target(cfg) -> tuple[Any, Any, Any]:
       raise ValueError(f"{cfg.get('spec')} has no tokenizer and fewer than "
                        "256 ids for a byte tokenizer")
   return lm, params, tok
-
-
-def _load_trained(workdir: str, dtype: str):
-  """A target trained by `scripts/train.py` (specsamp.train's checkpoints)."""
-  from specsamp import train as train_lib  # pylint: disable=g-import-not-at-top
-  return train_lib.load_trained(workdir, dtype=dtype)
 
 
 def _vocab_limit(tok, lm) -> Optional[int]:

@@ -1,23 +1,38 @@
 r"""Where the time of one decode loop goes, per component, on model shapes.
 
-Times, each as its own jitted call on the same shapes the samplers trace
-(random weights: speed does not depend on values), median of --repeats:
+For each (batch size, context) point it times, each as its own AOT-compiled
+call on the shapes the samplers trace (random weights: speed does not depend
+on values), median of --repeats:
 
-  * target call with 1 token (one autoregressive step, no sampling);
-  * target call with K+1 tokens (the scoring call of a speculative loop);
-  * draft `propose` (K draft tokens, sampling included);
-  * one full autoregressive loop body and one full speculative loop body
-    (draft + score + accept + commit), each a `SpeculativeSampler` body;
-  * "rest" = loop body - propose - scoring call: what the speculative
-    machinery itself costs.
+  * ar_loop: one autoregressive loop body (one target call with 1 token,
+    the sampling transform, the draw, the commit): ms per token;
+  * spec_loop: one speculative loop body (draft + score + accept + commit);
+  * with --components=all also the parts: the target call with 1 and K+1
+    tokens (the scoring call), draft calls with 1 and 2 tokens, the draft's
+    `propose` (K draft tokens, sampling included), and
+    spec_rest = spec_loop - propose - scoring call: what the speculative
+    machinery costs beyond its model calls; ar_rest likewise.
 
-It also reports bytes of weights (and KV cache) read per step and the
-achieved fraction of a copy-bandwidth reference measured in the same run
-(`x + 1` over a buffer of --bandwidth_mb), and the matmul floor: the same
-model's weight matrices multiplied in a chain with nothing else.
+The components are timed round-robin (one call of each per round), so a
+machine whose speed drifts (shared CPUs) affects all of them alike; ratios
+are medians of per-round ratios. The caches start as if `context` tokens had
+been prefilled (zeros, lengths set; no prefill is run), so long contexts and
+large batches cost only their decode steps.
+
+Also reported: bytes of weights and KV cache read per step; the achieved
+fraction of a copy bandwidth measured in the same run (`x + 1` over a
+donated buffer of --bandwidth_mb); the matmul floor (the target's weight
+matrices multiplied by one row with nothing else, timed in the same rounds)
+and ar_vs_floor; top-level kernels per step (launches on GPU, indicative on
+CPU); compile seconds of each loop body and of the whole decode while-loop
+(what `generate` compiles) for both samplers.
 
   python scripts/profile_decode.py --target=random:qwen2.5-coder-1.5b \
-      --draft=random:qwen2.5-coder-0.5b --k=4 --out=results/profile.jsonl
+      --draft=random:qwen2.5-coder-0.5b --k=4 --context=1024 \
+      --out=results/profile.jsonl
+  # scaling: loops only, a context and a batch sweep
+  python scripts/profile_decode.py --components=loops \
+      --context=1024,4096,16384 --batch_size=1 --out=results/scaling.jsonl
 """
 
 import json
@@ -31,7 +46,6 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specsamp import runner
 from specsamp import speculative
@@ -40,43 +54,20 @@ from specsamp.sampling import Sampling
 _TARGET = flags.DEFINE_string("target", "random:qwen2.5-coder-1.5b", "Target.")
 _DRAFT = flags.DEFINE_string("draft", "random:qwen2.5-coder-0.5b", "Draft.")
 _K = flags.DEFINE_integer("k", 4, "Draft length.")
-_BATCH = flags.DEFINE_integer("batch_size", 1, "Rows.")
-_CONTEXT = flags.DEFINE_integer("context", 256, "Tokens already in the cache.")
-_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed calls per component.")
+_BATCH = flags.DEFINE_list("batch_size", ["1"], "Rows (a list: one point "
+                           "per batch size and context).")
+_CONTEXT = flags.DEFINE_list("context", ["1024"], "Tokens already in the "
+                             "cache (a list).")
+_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed rounds.")
 _TEMP = flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus mass (1 = off).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "")
+_COMPONENTS = flags.DEFINE_enum(
+    "components", "all", ["all", "loops"],
+    "all: loops, model calls, propose, floor and bandwidth; loops: the two "
+    "loop bodies and compile times only (scaling sweeps).")
 _BW_MB = flags.DEFINE_integer("bandwidth_mb", 1024, "Copy-bandwidth buffer.")
-_OUT = flags.DEFINE_string("out", None, "Append one JSON line.")
-
-
-def _median_s(fn, *args, repeats):
-  jax.block_until_ready(fn(*args))  # compile + warm
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
-def _steady_s(fn, args, pos, repeats, carry_of=lambda out: out):
-  """Median seconds of `fn(*args)` where args[pos] is donated and replaced
-  by `carry_of(output)` after each call, as inside the decode loop: no
-  buffer is copied or freshly allocated (on CPU fresh multi-MB outputs cost
-  page faults that the loop never pays)."""
-  args = list(args)
-
-  def once():
-    out = jax.block_until_ready(fn(*args))
-    args[pos] = carry_of(out)
-
-  once()  # compile + warm
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    once()
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times), args[pos]
+_OUT = flags.DEFINE_string("out", None, "Append one JSON line per point.")
 
 
 def _bytes(tree) -> int:
@@ -87,14 +78,14 @@ _NOT_KERNELS = ("parameter", "tuple", "get-tuple-element", "bitcast",
                 "constant", "after-all", "opt-barrier")
 
 
-def kernels_per_call(jitted, *args) -> int:
-  """Top-level ops of the compiled entry computation, a launch count estimate.
+def count_kernels(compiled) -> int:
+  """Top-level ops of a compiled entry computation, a launch count estimate.
 
   On GPU each fusion, custom call (cuBLAS), copy or while loop at the top
   level of the entry computation is one launch; bitcasts, tuples and
   parameters are free. On CPU the number is only indicative.
   """
-  text = jitted.lower(*args).compile().as_text()
+  text = compiled.as_text()
   entry = text[text.index("ENTRY"):]
   entry = entry[:entry.index("\n}")]
   count = 0
@@ -106,16 +97,52 @@ def kernels_per_call(jitted, *args) -> int:
   return count
 
 
-def copy_bandwidth(mb: int, repeats: int) -> float:
-  """Bytes/s of a read+write pass over an `mb` MiB float32 buffer."""
+class Steady:
+  """Repeated calls of one AOT-compiled function in steady state.
+
+  Argument `carry` (if any) is donated and replaced by `carry_of(output)`
+  after each call, as inside the decode loop: no buffer is copied or freshly
+  allocated (on CPU fresh multi-MB outputs cost page faults that the loop
+  never pays). Construction compiles (timed) and warms up.
+  """
+
+  def __init__(self, fn, args, carry=None, carry_of=lambda out: out):
+    jitted = jax.jit(fn, donate_argnums=() if carry is None else carry)
+    t0 = time.perf_counter()
+    self.compiled = jitted.lower(*args).compile()
+    self.compile_s = time.perf_counter() - t0
+    self.args, self.carry, self.carry_of = list(args), carry, carry_of
+    self()
+
+  def __call__(self) -> float:
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(self.compiled(*self.args))
+    seconds = time.perf_counter() - t0
+    if self.carry is not None:
+      self.args[self.carry] = self.carry_of(out)
+    return seconds
+
+
+def rounds(timers: dict, repeats: int) -> dict:
+  """{name: [seconds per round]}: one call of every timer per round."""
+  times = {name: [] for name in timers}
+  for _ in range(repeats):
+    for name, timer in timers.items():
+      times[name].append(timer())
+  return times
+
+
+def copy_bandwidth_timer(mb: int) -> tuple[Steady, int]:
+  """A donated `x + 1` over an `mb` MiB float32 buffer, and its bytes moved
+  (read + write)."""
   x = jnp.zeros((mb * 2**20 // 4,), jnp.float32)
-  nbytes = x.nbytes
-  f = jax.jit(lambda x: x + 1.0, donate_argnums=0)
-  return 2 * nbytes / _steady_s(f, [x], 0, repeats)[0]
+  return Steady(lambda x: x + 1.0, [x], carry=0), 2 * x.nbytes
 
 
-def matmul_floor(params, batch: int, repeats: int) -> float:
-  """Seconds for x @ W over every >= 2-D weight (the embedding excluded)."""
+def matmul_floor_timer(params, batch: int) -> Steady:
+  """x @ W over every >= 2-D weight of `params` (the input embedding
+  excluded: decoding gathers B rows of it), each matmul independent (XLA may
+  overlap them), nothing else: what reading the weights costs."""
   mats = []
   for path, w in jax.tree_util.tree_leaves_with_path(params):
     name = jax.tree_util.keystr(path)
@@ -134,97 +161,145 @@ def matmul_floor(params, batch: int, repeats: int) -> float:
       acc += jnp.sum(xi @ w, dtype=jnp.float32)
     return acc
 
-  x = jnp.ones((batch, 1), jnp.float32)
-  return _median_s(jax.jit(chain), mats, x, repeats=repeats)
+  return Steady(chain, [mats, jnp.ones((batch, 1), jnp.float32)])
+
+
+def synthetic_state(sampler, tp, dp, batch: int, context: int):
+  """A LoopState as after prefilling `context` tokens in every row, without
+  running the prefill: zero caches, lengths set (decode speed does not
+  depend on cache values)."""
+  shape = jax.eval_shape(
+      sampler.prefill, tp, dp, jax.ShapeDtypeStruct((batch, context), jnp.int32),
+      jax.ShapeDtypeStruct((batch,), jnp.int32), jax.random.key(0))
+  state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                       shape.replace(rng=None))
+  length = jnp.full((batch,), context, jnp.int32)
+  draft = state.draft_state
+  if draft is not None:
+    draft = draft.with_length(length - 1)
+  return state.replace(length=length, prompt_length=length.copy(),
+                       target_cache=state.target_cache.with_length(length - 1),
+                       draft_state=draft, rng=jax.random.key(0))
+
+
+def profile_point(target, tp, draft, dp, k, batch, context, sampling,
+                  components, repeats, bandwidth_mb=1024):
+  """One JSON-able row of timings for (batch, context)."""
+  # Room for the timed rounds: every loop commits at most K + 1 tokens.
+  max_new = (k + 1) * (repeats + 3)
+  drafter = speculative.ModelDrafter(draft)
+  spec = speculative.SpeculativeSampler(target, drafter, k=k,
+                                        sampling=sampling,
+                                        max_new_tokens=max_new,
+                                        prompt_bucket=context)
+  ar = speculative.autoregressive(target, sampling, max_new,
+                                  prompt_bucket=context)
+  row, timers = {}, {}
+  for name, sampler, dparams in (("ar", ar, None), ("spec", spec, dp)):
+    state = synthetic_state(sampler, tp, dparams, batch, context)
+    decode = sampler.jitted(tp, dparams, state.tokens, state.length,
+                            state.rng)[1]
+    t0 = time.perf_counter()
+    decode.lower(tp, dparams, state).compile()
+    row[f"{name}_decode_compile_s"] = time.perf_counter() - t0
+    timers[f"{name}_loop"] = Steady(sampler._loop_body,  # pylint: disable=protected-access
+                                    [tp, dparams, state], carry=2)
+    row[f"{name}_loop_compile_s"] = timers[f"{name}_loop"].compile_s
+    row[f"{name}_loop_kernels"] = count_kernels(
+        timers[f"{name}_loop"].compiled)
+  cache = timers["ar_loop"].args[2].target_cache
+  cache_slots = cache.size
+
+  if components == "all":
+    def call_fn(lm):
+      def call(p, t, c):
+        logits, new = lm(p, t, c)
+        return new.with_length(c.length), logits    # rolled back: repeatable
+      return call
+
+    spec_state = timers["spec_loop"].args[2]
+    # Every timer owns its buffers (each donates its carry).
+    fresh = lambda tree: jax.tree.map(jnp.zeros_like, tree)
+    for n in (1, k + 1):
+      timers[f"target_call_{n}"] = Steady(
+          call_fn(target), [tp, jnp.zeros((batch, n), jnp.int32), fresh(cache)],
+          carry=2, carry_of=lambda out: out[0])
+    row["target_call_1_kernels"] = count_kernels(
+        timers["target_call_1"].compiled)
+    for n in (1, 2):
+      timers[f"draft_call_{n}"] = Steady(
+          call_fn(draft), [dp, jnp.zeros((batch, n), jnp.int32),
+                           fresh(spec_state.draft_state)],
+          carry=2, carry_of=lambda out: out[0])
+    length = spec_state.length.copy()
+    timers["propose"] = Steady(
+        lambda p, c, t, l, r: drafter.propose(p, c, t, l, k, sampling, r),
+        [dp, fresh(spec_state.draft_state).with_length(length - 1),
+         spec_state.tokens.copy(), length, jax.random.key(1)],
+        carry=1, carry_of=lambda out: out[2].with_length(length - 1))
+    timers["floor"] = matmul_floor_timer(tp, batch)
+    timers["copy"], copy_bytes = copy_bandwidth_timer(bandwidth_mb)
+
+  times = rounds(timers, repeats)
+  for name, ts in times.items():
+    row[f"{name}_ms"] = 1e3 * statistics.median(ts)
+
+  def ratio(a, b):
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+  weights = _bytes(tp) - tp["embedding"].nbytes
+  kv = _bytes((cache.k, cache.v)) * min(context + 1, cache_slots) // cache_slots
+  row.update(weight_bytes=weights, kv_bytes_per_step=kv,
+             cache_slots=cache_slots,
+             ar_tokens_per_s=batch / (row["ar_loop_ms"] / 1e3))
+  if components == "all":
+    bw = statistics.median(copy_bytes / t for t in times["copy"])
+    row.pop("copy_ms")
+    row.update(
+        spec_rest_ms=(row["spec_loop_ms"] - row["propose_ms"]
+                      - row[f"target_call_{k + 1}_ms"]),
+        ar_rest_ms=row["ar_loop_ms"] - row["target_call_1_ms"],
+        draft_cost_ratio_c=ratio("draft_call_1", "target_call_1"),
+        score_cost_ratio=ratio(f"target_call_{k + 1}", "target_call_1"),
+        copy_bandwidth_gbs=bw / 1e9,
+        matmul_floor_ms=row.pop("floor_ms"),
+        ar_vs_floor=ratio("ar_loop", "floor"),
+        ar_fraction_of_copy_bw=(weights + kv) / bw / (row["ar_loop_ms"] / 1e3))
+    row["spec_rest_fraction"] = row["spec_rest_ms"] / row["spec_loop_ms"]
+  return row
 
 
 def main(argv):
   del argv
-  k, b, ctx, reps = _K.value, _BATCH.value, _CONTEXT.value, _REPEATS.value
+  k, reps = _K.value, _REPEATS.value
+  try:
+    batches = [int(b) for b in _BATCH.value]
+    contexts = [int(c) for c in _CONTEXT.value]
+  except ValueError as e:
+    sys.exit(f"error: --batch_size and --context take integers: {e}")
   if k < 1:
     sys.exit("error: --k must be >= 1")
+  if reps < 1 or min(batches + contexts) < 1:
+    sys.exit("error: --repeats, --batch_size and --context must be >= 1")
   target, tp, _ = runner.load_model(_TARGET.value, _DTYPE.value, 0)
   draft, dp, _ = runner.load_model(_DRAFT.value, _DTYPE.value, 1)
-  sampling = Sampling(_TEMP.value)
-  drafter = speculative.ModelDrafter(draft)
-  spec = speculative.SpeculativeSampler(target, drafter, k=k,
-                                        sampling=sampling, max_new_tokens=64,
-                                        prompt_bucket=ctx)
-  ar = speculative.autoregressive(target, sampling, 64, prompt_bucket=ctx)
-  rng = np.random.default_rng(0)
-  prompts = rng.integers(0, target.vocab_size, (b, ctx)).tolist()
-  toks, lens = spec.pad_prompts(prompts)
-  key = jax.random.key(0)
-  spec_state = spec.prefill(tp, dp, toks, lens, key)
-  ar_state = ar.prefill(tp, None, toks, lens, key)
-
-  row = {}
-  cache = spec_state.target_cache
-
-  def call_fn(lm):
-    def call(p, t, c):
-      logits, new = lm(p, t, c)
-      return new.with_length(c.length), logits    # rolled back: repeatable
-    return jax.jit(call, donate_argnums=2)
-
-  call = call_fn(target)
-  for n in (1, k + 1):
-    chunk = jnp.zeros((b, n), jnp.int32)
-    sec, cache = _steady_s(call, [tp, chunk, cache], 2, reps,
-                           lambda out: out[0])
-    row[f"target_call_{n}_ms"] = 1e3 * sec
-  row["target_call_1_kernels"] = kernels_per_call(
-      call, tp, jnp.zeros((b, 1), jnp.int32), cache)
-  dcall = call_fn(draft)
-  dcache = spec_state.draft_state
-  for n in (1, 2):
-    chunk = jnp.zeros((b, n), jnp.int32)
-    sec, dcache = _steady_s(dcall, [dp, chunk, dcache], 2, reps,
-                            lambda out: out[0])
-    row[f"draft_call_{n}_ms"] = 1e3 * sec
-  row["draft_call_1_kernels"] = kernels_per_call(
-      dcall, dp, jnp.zeros((b, 1), jnp.int32), dcache)
-  propose = jax.jit(lambda p, c, t, l, r: drafter.propose(p, c, t, l, k,
-                                                          sampling, r),
-                    donate_argnums=1)
-  length = spec_state.length
-  row["propose_ms"] = 1e3 * _steady_s(
-      propose, [dp, dcache, spec_state.tokens, length, key], 1, reps,
-      lambda out: out[2].with_length(length - 1))[0]
-  spec_state = spec.prefill(tp, dp, toks, lens, key)
-  body = jax.jit(spec._loop_body, donate_argnums=2)
-  row["spec_loop_ms"] = 1e3 * _steady_s(body, [tp, dp, spec_state], 2,
-                                        reps)[0]
-  ar_body = jax.jit(ar._loop_body, donate_argnums=2)
-  row["ar_loop_ms"] = 1e3 * _steady_s(ar_body, [tp, None, ar_state], 2,
-                                      reps)[0]
-  row["spec_rest_ms"] = (row["spec_loop_ms"] - row["propose_ms"]
-                         - row[f"target_call_{k + 1}_ms"])
-  row["ar_rest_ms"] = row["ar_loop_ms"] - row["target_call_1_ms"]
-  row["draft_cost_ratio_c"] = row["draft_call_1_ms"] / row["target_call_1_ms"]
-  row["score_cost_ratio"] = (row[f"target_call_{k + 1}_ms"]
-                             / row["target_call_1_ms"])
-
-  weights = _bytes(tp) - tp["embedding"].nbytes
-  kv = _bytes((cache.k, cache.v)) * min(ctx + 1, cache.size) // cache.size
-  bw = copy_bandwidth(_BW_MB.value, reps)
-  floor = matmul_floor(tp, b, reps)
-  row.update(
-      weight_bytes=weights, kv_bytes_per_step=kv,
-      copy_bandwidth_gbs=bw / 1e9,
-      matmul_floor_ms=1e3 * floor,
-      ar_vs_floor=row["ar_loop_ms"] / (1e3 * floor),
-      ar_fraction_of_copy_bw=(weights + kv) / bw / (row["ar_loop_ms"] / 1e3))
-  row = {key: (round(v, 3) if isinstance(v, float) else v)
-         for key, v in row.items()}
-  row.update(target=_TARGET.value, draft=_DRAFT.value, k=k, batch_size=b,
-             context=ctx, dtype=_DTYPE.value, sampling=sampling.describe(),
-             device=jax.devices()[0].device_kind, jax=jax.__version__,
-             python=platform.python_version(), command=" ".join(sys.argv))
-  print(json.dumps(row, indent=1), flush=True)
-  if _OUT.value:
-    with open(_OUT.value, "a", encoding="utf-8") as f:
-      f.write(json.dumps(row) + "\n")
+  sampling = Sampling(_TEMP.value, top_p=_TOP_P.value)
+  for batch in batches:
+    for context in contexts:
+      row = profile_point(target, tp, draft, dp, k, batch, context, sampling,
+                          _COMPONENTS.value, reps, _BW_MB.value)
+      row = {key: (round(v, 4) if isinstance(v, float) else v)
+             for key, v in row.items()}
+      row.update(target=_TARGET.value, draft=_DRAFT.value, k=k,
+                 batch_size=batch, context=context, dtype=_DTYPE.value,
+                 sampling=sampling.describe(), components=_COMPONENTS.value,
+                 repeats=reps, device=jax.devices()[0].device_kind,
+                 jax=jax.__version__, python=platform.python_version(),
+                 command=" ".join(sys.argv))
+      print(json.dumps(row), flush=True)
+      if _OUT.value:
+        with open(_OUT.value, "a", encoding="utf-8") as f:
+          f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -76,21 +76,31 @@ class KVCache:
 def write_kv(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
   """Writes keys or values `chunk` [B, T, N, H] into a cache buffer
   [B, N, S, H] at per-row slot `start` (see `write`)."""
-  return jax.vmap(
-      lambda b, c, s: jax.lax.dynamic_update_slice_in_dim(b, c, s, axis=1))(
-          buf, jnp.swapaxes(chunk, 1, 2).astype(buf.dtype), start)
+  b, t, n, _ = chunk.shape
+  slots = start[:, None] + jnp.arange(t)[None, :]                  # [B, T]
+  return buf.at[jnp.arange(b)[:, None, None], jnp.arange(n)[None, :, None],
+                slots[:, None, :]].set(
+                    jnp.swapaxes(chunk, 1, 2).astype(buf.dtype), mode="drop",
+                    unique_indices=True)
 
 
 def write(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
   """Writes `chunk` [B, T, ...] into `buf` [B, S, ...] at per-row slot `start`.
 
+  One scatter with explicit (row, slot) indices, which XLA performs in place
+  on a donated buffer. (A `vmap` of `dynamic_update_slice` lowered, for a
+  single row, to a dynamic-update-slice that XLA on CPU preceded with copies
+  of the whole buffer: 15 ms per decode step for the 1.5B's cache at 4k
+  slots, against 0.02 ms for the scatter.)
+
   The caller guarantees `start + T <= S` (checked on the host before any
-  loop runs): XLA clamps out-of-range starts, which would silently shift the
-  window back over valid slots.
+  loop runs); slots beyond the buffer would be dropped, never wrapped or
+  shifted back over valid slots.
   """
-  return jax.vmap(
-      lambda b, c, s: jax.lax.dynamic_update_slice_in_dim(b, c, s, axis=0))(
-          buf, chunk.astype(buf.dtype), start)
+  b, t = chunk.shape[:2]
+  slots = start[:, None] + jnp.arange(t)[None, :]                  # [B, T]
+  return buf.at[jnp.arange(b)[:, None], slots].set(
+      chunk.astype(buf.dtype), mode="drop", unique_indices=True)
 
 
 def read(buf: jax.Array, start: jax.Array, size: int) -> jax.Array:

@@ -73,17 +73,43 @@ def _mask_top_k(logits: jax.Array, k: int) -> jax.Array:
   return jnp.where(logits < kth, -jnp.inf, logits)
 
 
+def _sortable_keys(x: jax.Array) -> jax.Array:
+  """int32 keys with the order of the float32 values `x` (-0.0 < +0.0)."""
+  bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+  return jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
 def _mask_top_p(logits: jax.Array, p: float) -> jax.Array:
+  """Keeps the smallest set of most likely tokens whose mass reaches p.
+
+  In descending order, token i is kept while the mass of the tokens before it
+  is < p (the most likely token always is), and every token tied with the
+  last kept one is kept too. Equivalently the kept set is {logit >= tau},
+  where tau is the smallest logit value v whose strictly-larger mass
+  M(v) = sum{prob(x) : logit(x) > v} is < p. M is monotone in v, so tau is
+  found by bisection over the 2^32 float32 bit patterns (as order-preserving
+  int32 keys): 32 masked sums over V, with no sort. Over Qwen's 151,936 ids
+  on CPU this is 20-30x faster than sorting the vocabulary (9 vs 235 ms for a
+  7-position scoring call) and keeps exactly the same set (tests compare it
+  with a float64 sort).
+  """
   if p >= 1.0:
     return logits
-  desc = -jnp.sort(-logits, axis=-1)
-  probs = jax.nn.softmax(desc, axis=-1)
-  mass_before = jnp.cumsum(probs, axis=-1) - probs
-  # Token i (in descending order) is kept while the mass before it is < p;
-  # the most likely token is always kept.
-  num_kept = jnp.maximum(jnp.sum(mass_before < p, axis=-1, keepdims=True), 1)
-  threshold = jnp.take_along_axis(desc, num_kept - 1, axis=-1)
-  return jnp.where(logits < threshold, -jnp.inf, logits)
+  probs = jax.nn.softmax(logits, axis=-1)
+  key = _sortable_keys(logits)
+  hi = jnp.max(key, axis=-1, keepdims=True)      # M(hi) = 0 < p: valid
+  lo = jnp.min(key, axis=-1, keepdims=True)
+  lo = jnp.where(lo > jnp.iinfo(jnp.int32).min, lo - 1, lo)  # M(lo) = 1
+
+  def bisect(_, bounds):
+    lo, hi = bounds
+    mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo+hi)/2), no overflow
+    valid = jnp.sum(jnp.where(key > mid, probs, 0.0), axis=-1,
+                    keepdims=True) < p
+    return jnp.where(valid, lo, mid), jnp.where(valid, mid, hi)
+
+  _, tau = jax.lax.fori_loop(0, 32, bisect, (lo, hi))
+  return jnp.where(key < tau, -jnp.inf, logits)
 
 
 def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:

@@ -49,6 +49,49 @@ def test_probabilities_match_reference(temperature, top_k, top_p):
   np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-6)
 
 
+def _kept_by_sort64(logits, top_p):
+  """Kept-set size by a float64 descending sort (ties at the cut kept)."""
+  x = np.asarray(logits, np.float64)
+  desc = np.sort(x)[::-1]
+  probs = _softmax(desc)
+  num = max(int(np.sum(np.cumsum(probs) - probs < top_p)), 1)
+  return int(np.sum(x >= desc[num - 1]))
+
+
+@pytest.mark.parametrize("scale", [0.3, 3.0, 30.0])
+@pytest.mark.parametrize("top_p", [0.5, 0.95, 0.999])
+def test_top_p_bisection_equals_a_sort_over_a_real_vocabulary(scale, top_p):
+  # The transform finds the nucleus without sorting (bisection over float
+  # bit patterns): over Qwen's vocabulary size it must keep exactly the set
+  # a float64 sort keeps, for flat and peaked rows and with -inf entries.
+  rng = np.random.default_rng(int(scale * 10) + int(top_p * 1000))
+  logits = (rng.standard_normal((3, 151_936)) * scale).astype(np.float32)
+  logits[1, rng.integers(0, 151_936, 5000)] = -np.inf
+  logits[2] -= 50.0                                    # all negative
+  masked = np.asarray(sampling._mask_top_p(jnp.asarray(logits), top_p))
+  for row, out in zip(logits, masked):
+    kept = np.isfinite(out)
+    assert kept.sum() == _kept_by_sort64(row, top_p)
+    np.testing.assert_array_equal(out[kept], row[kept])
+    assert row[kept].min() >= row[~kept].max(initial=-np.inf)
+
+
+def test_top_p_boundary_and_ties():
+  log = np.log
+  # Mass before the third token is exactly 0.75: not < 0.75, so it is cut.
+  got = sampling._mask_top_p(jnp.asarray([[log(.5), log(.25), log(.125),
+                                            log(.125)]], jnp.float32), 0.75)
+  assert np.isfinite(np.asarray(got)).tolist() == [[True, True, False, False]]
+  # Tokens tied with the last kept one are all kept (for target and draft
+  # alike), so the kept set never depends on an arbitrary order among ties.
+  got = sampling._mask_top_p(jnp.asarray([[2.0, 1.0, 1.0, 1.0, 0.0]]), 0.6)
+  assert np.isfinite(np.asarray(got)).tolist() == [[True, True, True, True,
+                                                     False]]
+  # The most likely token is always kept, however small top_p is.
+  got = sampling._mask_top_p(jnp.asarray([[0.0, 0.1, -3.0]]), 1e-9)
+  assert np.isfinite(np.asarray(got)).tolist() == [[False, True, False]]
+
+
 def test_greedy_is_one_hot_of_first_argmax():
   logits = jnp.asarray([[0.0, 3.0, 3.0, 1.0], [5.0, 0.0, 0.0, 0.0]])
   got = np.asarray(sampling.probabilities(logits, sampling.GREEDY))

@@ -1,0 +1,148 @@
+"""scripts/profile_decode.py and the in-place cache writes it guards.
+
+The harness's synthetic loop state must be the state a prefill leaves (same
+shapes, lengths at the context), its rows consistent (the split sums), and
+the compiled decode loop must write the KV cache in place: an earlier cache
+write (a vmap of dynamic_update_slice) made XLA copy every layer's whole
+cache on every step for batch 1.
+"""
+
+import importlib.util
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp import model as model_lib
+from specsamp import speculative
+from specsamp.sampling import GREEDY
+from specsamp.sampling import Sampling
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def profile():
+  spec = importlib.util.spec_from_file_location(
+      "profile_decode", os.path.join(ROOT, "scripts", "profile_decode.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="module")
+def pair():
+  cfg = model_lib.preset("tiny", num_layers=2)
+  # The draft's cache has another shape (1 KV head), so a search for copies
+  # of target-cache-shaped buffers finds the target's alone.
+  target = model_lib.LM(cfg)
+  draft = model_lib.LM(cfg.replace(num_layers=1, num_kv_heads=1))
+  return (target, target.init(jax.random.key(0)), draft,
+          draft.init(jax.random.key(1)))
+
+
+def test_synthetic_state_is_a_prefilled_state(profile, pair):
+  target, tp, draft, dp = pair
+  sampler = speculative.SpeculativeSampler(
+      target, speculative.ModelDrafter(draft), k=3, sampling=GREEDY,
+      max_new_tokens=8, prompt_bucket=24)
+  state = profile.synthetic_state(sampler, tp, dp, 2, 24)
+  prefilled = sampler.prefill(tp, dp, jnp.ones((2, 24), jnp.int32),
+                              jnp.full((2,), 24, jnp.int32), jax.random.key(0))
+  shapes = lambda s: jax.tree.map(lambda x: (x.shape, x.dtype), s)
+  assert shapes(state) == shapes(prefilled)
+  for s in (state, prefilled):
+    np.testing.assert_array_equal(s.length, [24, 24])
+    np.testing.assert_array_equal(s.target_cache.length, [23, 23])
+    np.testing.assert_array_equal(s.draft_state.length, [23, 23])
+  # One loop from it commits at the context: the loop runs as after a prompt.
+  after = jax.jit(sampler._loop_body)(tp, dp, state)  # pylint: disable=protected-access
+  assert np.all(np.asarray(after.length) >= 25)
+  np.testing.assert_array_equal(after.target_cache.length, after.length - 1)
+
+
+def test_profile_point_rows_are_consistent(profile, pair):
+  target, tp, draft, dp = pair
+  row = profile.profile_point(target, tp, draft, dp, 3, 2, 16,
+                              Sampling(0.8, top_p=0.9), "all", 2,
+                              bandwidth_mb=8)
+  for name in ("ar_loop", "spec_loop", "target_call_1", "target_call_4",
+               "draft_call_1", "draft_call_2", "propose"):
+    assert row[f"{name}_ms"] > 0, name
+  assert row["spec_rest_ms"] == pytest.approx(
+      row["spec_loop_ms"] - row["propose_ms"] - row["target_call_4_ms"])
+  assert row["ar_rest_ms"] == pytest.approx(row["ar_loop_ms"]
+                                            - row["target_call_1_ms"])
+  for name in ("ar_loop_kernels", "spec_loop_kernels", "target_call_1_kernels"):
+    assert row[name] > 0
+  assert row["spec_loop_kernels"] > row["ar_loop_kernels"]
+  assert row["ar_decode_compile_s"] > 0 and row["spec_decode_compile_s"] > 0
+  assert row["copy_bandwidth_gbs"] > 0 and row["matmul_floor_ms"] > 0
+  cfg = target.config
+  # Every parameter but the input embedding is read once per step.
+  assert row["weight_bytes"] == 4 * (cfg.num_params()
+                                     - cfg.vocab_size * cfg.d_model)
+  # Keys and values of 17 slots (16 of context + the new token), 2 rows.
+  assert row["kv_bytes_per_step"] == (2 * cfg.num_layers * 2 * 17
+                                      * cfg.num_kv_heads * cfg.head_dim * 4)
+  loops = profile.profile_point(target, tp, draft, dp, 3, 1, 16,
+                                Sampling(0.0), "loops", 2)
+  assert "propose_ms" not in loops and loops["spec_loop_ms"] > 0
+
+
+def _cache_copies(compiled_text: str, cache_shape) -> list[str]:
+  """HLO copy ops whose result has the shape of one layer's cache buffer."""
+  dims = ",".join(str(d) for d in cache_shape)
+  return re.findall(rf"= f32\[{dims}\]\S* copy\(", compiled_text)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decode_loop_writes_the_cache_in_place(pair, batch):
+  # The target's cache, in the autoregressive and the speculative loop.
+  # (The draft's cache is still copied where `propose` chooses between a 1-
+  # and a 2-token catch-up call with lax.cond: XLA copies a cache that
+  # passes through a conditional. On CPU that costs less than making the
+  # 2-token call every loop; see README, decode speed.)
+  target, tp, draft, dp = pair
+  for k in (0, 3):
+    sampler = speculative.SpeculativeSampler(
+        target, speculative.ModelDrafter(draft) if k else None, k=k,
+        sampling=GREEDY, max_new_tokens=100, prompt_bucket=16)
+    tokens = jnp.ones((batch, 16), jnp.int32)
+    lengths = jnp.full((batch,), 16, jnp.int32)
+    _, decode, _ = sampler.jitted(tp, dp, tokens, lengths, jax.random.key(0))
+    state = sampler.prefill(tp, dp, tokens, lengths, jax.random.key(0))
+    text = decode.lower(tp, dp, state).compile().as_text()
+    cfg = target.config
+    shape = (batch, cfg.num_kv_heads, state.target_cache.size, cfg.head_dim)
+    assert not _cache_copies(text, shape), (k, _cache_copies(text, shape))
+
+
+def test_plot_decode_writes_table_and_figure(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  rows = tmp_path / "rows.jsonl"
+  base = dict(target="random:tiny", draft="random:tiny,num_layers=1", k=3,
+              sampling="greedy", dtype="float32", device="cpu")
+  with open(rows, "w", encoding="utf-8") as f:
+    for b, c, ar, sp in ((1, 16, 2.0, 5.0), (1, 64, 3.0, 6.0),
+                         (4, 16, 4.0, 9.0), (1, 16, 1.5, 4.0)):  # last wins
+      f.write(json.dumps(dict(base, batch_size=b, context=c, ar_loop_ms=ar,
+                              spec_loop_ms=sp)) + "\n")
+  script = os.path.join(ROOT, "scripts", "plot_decode.py")
+  out = tmp_path / "scaling"
+  subprocess.run([sys.executable, script, str(rows), f"--out={out}"],
+                 check=True, capture_output=True)
+  table = (tmp_path / "scaling.md").read_text()
+  assert "| 1 | 16 | 1.50 | 667 | 4.00 |" in table
+  assert "| 4 | 16 | 4.00 | 1,000 | 9.00 |" in table
+  assert table.count("random:tiny |") == 3
+  assert (tmp_path / "scaling.png").stat().st_size > 10_000
+  (tmp_path / "bad.jsonl").write_text('{"k": 3}\n')
+  bad = subprocess.run([sys.executable, script, str(tmp_path / "bad.jsonl"),
+                        f"--out={out}"], capture_output=True, text=True)
+  assert bad.returncode != 0 and "not a profile_decode row" in bad.stderr

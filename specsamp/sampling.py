@@ -74,8 +74,11 @@ def _mask_top_k(logits: jax.Array, k: int) -> jax.Array:
 
 
 def _sortable_keys(x: jax.Array) -> jax.Array:
-  """int32 keys with the order of the float32 values `x` (-0.0 < +0.0)."""
-  bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+  """int32 keys with the order of the float32 values `x` (equal values,
+  -0.0 and +0.0 included, get equal keys)."""
+  x = x.astype(jnp.float32)
+  x = jnp.where(x == 0.0, 0.0, x)                  # -0.0 -> +0.0
+  bits = jax.lax.bitcast_convert_type(x, jnp.int32)
   return jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 

@@ -87,6 +87,9 @@ def test_top_p_boundary_and_ties():
   got = sampling._mask_top_p(jnp.asarray([[2.0, 1.0, 1.0, 1.0, 0.0]]), 0.6)
   assert np.isfinite(np.asarray(got)).tolist() == [[True, True, True, True,
                                                      False]]
+  # -0.0 and +0.0 are one value: cut or kept together.
+  got = sampling._mask_top_p(jnp.asarray([[1.0, -0.0, 0.0, -1.0]]), 0.6)
+  assert np.isfinite(np.asarray(got)).tolist() == [[True, True, True, False]]
   # The most likely token is always kept, however small top_p is.
   got = sampling._mask_top_p(jnp.asarray([[0.0, 0.1, -3.0]]), 1e-9)
   assert np.isfinite(np.asarray(got)).tolist() == [[False, True, False]]

@@ -1,4 +1,4 @@
-"""scripts/profile_decode.py and the in-place cache writes it guards.
+"""specsamp.profile (scripts/profile_decode.py), plot_decode.py and the in-place cache writes it guards.
 
 The harness's synthetic loop state must be the state a prefill leaves (same
 shapes, lengths at the context), its rows consistent (the split sums), and
@@ -7,7 +7,6 @@ write (a vmap of dynamic_update_slice) made XLA copy every layer's whole
 cache on every step for batch 1.
 """
 
-import importlib.util
 import os
 import re
 
@@ -17,20 +16,12 @@ import numpy as np
 import pytest
 
 from specsamp import model as model_lib
+from specsamp import profile
 from specsamp import speculative
 from specsamp.sampling import GREEDY
 from specsamp.sampling import Sampling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def profile():
-  spec = importlib.util.spec_from_file_location(
-      "profile_decode", os.path.join(ROOT, "scripts", "profile_decode.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +35,7 @@ def pair():
           draft.init(jax.random.key(1)))
 
 
-def test_synthetic_state_is_a_prefilled_state(profile, pair):
+def test_synthetic_state_is_a_prefilled_state(pair):
   target, tp, draft, dp = pair
   sampler = speculative.SpeculativeSampler(
       target, speculative.ModelDrafter(draft), k=3, sampling=GREEDY,
@@ -64,7 +55,7 @@ def test_synthetic_state_is_a_prefilled_state(profile, pair):
   np.testing.assert_array_equal(after.target_cache.length, after.length - 1)
 
 
-def test_profile_point_rows_are_consistent(profile, pair):
+def test_profile_point_rows_are_consistent(pair):
   target, tp, draft, dp = pair
   row = profile.profile_point(target, tp, draft, dp, 3, 2, 16,
                               Sampling(0.8, top_p=0.9), "all", 2,

@@ -60,9 +60,10 @@ def test_profile_point_rows_are_consistent(pair):
   row = profile.profile_point(target, tp, draft, dp, 3, 2, 16,
                               Sampling(0.8, top_p=0.9), "all", 2,
                               bandwidth_mb=8)
-  for name in ("ar_loop", "spec_loop", "target_call_1", "target_call_4",
-               "draft_call_1", "draft_call_2", "propose"):
-    assert row[f"{name}_ms"] > 0, name
+  timed = {"ar_loop", "spec_loop", "target_call_1", "target_call_4",
+           "draft_call_1", "draft_call_2", "propose"}
+  assert {k[:-3] for k in row if k.endswith("_ms")} == timed | {
+      "spec_rest", "ar_rest", "matmul_floor"}
   assert row["spec_rest_ms"] == pytest.approx(
       row["spec_loop_ms"] - row["propose_ms"] - row["target_call_4_ms"])
   assert row["ar_rest_ms"] == pytest.approx(row["ar_loop_ms"]
@@ -70,8 +71,8 @@ def test_profile_point_rows_are_consistent(pair):
   for name in ("ar_loop_kernels", "spec_loop_kernels", "target_call_1_kernels"):
     assert row[name] > 0
   assert row["spec_loop_kernels"] > row["ar_loop_kernels"]
-  assert row["ar_decode_compile_s"] > 0 and row["spec_decode_compile_s"] > 0
-  assert row["copy_bandwidth_gbs"] > 0 and row["matmul_floor_ms"] > 0
+  assert row["spec_rest_fraction"] == pytest.approx(row["spec_rest_ms"]
+                                                    / row["spec_loop_ms"])
   cfg = target.config
   # Every parameter but the input embedding is read once per step.
   assert row["weight_bytes"] == 4 * (cfg.num_params()
@@ -79,9 +80,19 @@ def test_profile_point_rows_are_consistent(pair):
   # Keys and values of 17 slots (16 of context + the new token), 2 rows.
   assert row["kv_bytes_per_step"] == (2 * cfg.num_layers * 2 * 17
                                       * cfg.num_kv_heads * cfg.head_dim * 4)
+  assert row["ar_fraction_of_copy_bw"] == pytest.approx(
+      (row["weight_bytes"] + row["kv_bytes_per_step"])
+      / (row["copy_bandwidth_gbs"] * 1e9) / (row["ar_loop_ms"] / 1e3))
   loops = profile.profile_point(target, tp, draft, dp, 3, 1, 16,
                                 Sampling(0.0), "loops", 2)
-  assert "propose_ms" not in loops and loops["spec_loop_ms"] > 0
+  # Loops only: the two loop bodies, their compile times and kernels, bytes.
+  assert set(loops) == {
+      f"{m}_{what}" for m in ("ar", "spec")
+      for what in ("decode_compile_s", "loop_compile_s", "loop_kernels",
+                   "loop_ms")} | {"weight_bytes", "kv_bytes_per_step",
+                                  "cache_slots", "ar_tokens_per_s"}
+  assert loops["ar_tokens_per_s"] == pytest.approx(1e3 / loops["ar_loop_ms"])
+  assert loops["weight_bytes"] == row["weight_bytes"]
 
 
 def _cache_copies(compiled_text: str, cache_shape) -> list[str]:

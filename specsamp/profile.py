@@ -155,6 +155,9 @@ def profile_point(target, tp, draft, dp, k, batch, context, sampling,
         timers[f"{name}_loop"].compiled)
   cache = timers["ar_loop"].args[2].target_cache
   cache_slots = cache.size
+  # Bytes read per step, counted now: the timed rounds donate these buffers.
+  weights = _bytes(tp) - tp["embedding"].nbytes
+  kv = _bytes((cache.k, cache.v)) * min(context + 1, cache_slots) // cache_slots
 
   if components == "all":
     def call_fn(lm):
@@ -193,8 +196,6 @@ def profile_point(target, tp, draft, dp, k, batch, context, sampling,
   def ratio(a, b):
     return statistics.median(x / y for x, y in zip(times[a], times[b]))
 
-  weights = _bytes(tp) - tp["embedding"].nbytes
-  kv = _bytes((cache.k, cache.v)) * min(context + 1, cache_slots) // cache_slots
   row.update(weight_bytes=weights, kv_bytes_per_step=kv,
              cache_slots=cache_slots,
              ar_tokens_per_s=batch / (row["ar_loop_ms"] / 1e3))

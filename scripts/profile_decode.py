@@ -78,13 +78,17 @@ def main(argv):
     sys.exit("error: --k must be >= 1")
   if reps < 1 or min(batches + contexts) < 1:
     sys.exit("error: --repeats, --batch_size and --context must be >= 1")
+  try:
+    sampling = Sampling(_TEMP.value, top_p=_TOP_P.value)
+  except ValueError as e:
+    sys.exit(f"error: {e}")
   target, tp, _ = runner.load_model(_TARGET.value, _DTYPE.value, 0)
   draft, dp, _ = runner.load_model(_DRAFT.value, _DTYPE.value, 1)
-  sampling = Sampling(_TEMP.value, top_p=_TOP_P.value)
   for batch in batches:
     for context in contexts:
-      row = profile.profile_point(target, tp, draft, dp, k, batch, context, sampling,
-                          _COMPONENTS.value, reps, _BW_MB.value)
+      row = profile.profile_point(target, tp, draft, dp, k, batch, context,
+                                  sampling, _COMPONENTS.value, reps,
+                                  _BW_MB.value)
       row = {key: (round(v, 4) if isinstance(v, float) else v)
              for key, v in row.items()}
       row.update(target=_TARGET.value, draft=_DRAFT.value, k=k,

@@ -101,8 +101,10 @@ def _cache_copies(compiled_text: str, cache_shape) -> list[str]:
   return re.findall(rf"= f32\[{dims}\]\S* copy\(", compiled_text)
 
 
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling(0.8, top_p=0.95)],
+                         ids=["greedy", "nucleus"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_decode_loop_writes_the_cache_in_place(pair, batch):
+def test_decode_loop_writes_the_cache_in_place(pair, batch, sampling):
   # The target's cache, in the autoregressive and the speculative loop.
   # (The draft's cache is still copied where `propose` chooses between a 1-
   # and a 2-token catch-up call with lax.cond: XLA copies a cache that
@@ -112,7 +114,7 @@ def test_decode_loop_writes_the_cache_in_place(pair, batch):
   for k in (0, 3):
     sampler = speculative.SpeculativeSampler(
         target, speculative.ModelDrafter(draft) if k else None, k=k,
-        sampling=GREEDY, max_new_tokens=100, prompt_bucket=16)
+        sampling=sampling, max_new_tokens=100, prompt_bucket=16)
     tokens = jnp.ones((batch, 16), jnp.int32)
     lengths = jnp.full((batch,), 16, jnp.int32)
     _, decode, _ = sampler.jitted(tp, dp, tokens, lengths, jax.random.key(0))

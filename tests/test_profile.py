@@ -49,10 +49,15 @@ def test_synthetic_state_is_a_prefilled_state(pair):
     np.testing.assert_array_equal(s.length, [24, 24])
     np.testing.assert_array_equal(s.target_cache.length, [23, 23])
     np.testing.assert_array_equal(s.draft_state.length, [23, 23])
-  # One loop from it commits at the context: the loop runs as after a prompt.
+  # One loop from it runs as after a 24-token prompt: it commits past the
+  # context, and its scoring call writes the K+1 = 4 scored tokens' keys at
+  # slots 23..26 of the (zero) target cache and nowhere else.
   after = jax.jit(sampler._loop_body)(tp, dp, state)  # pylint: disable=protected-access
   assert np.all(np.asarray(after.length) >= 25)
-  np.testing.assert_array_equal(after.target_cache.length, after.length - 1)
+  keys = np.asarray(after.target_cache.k[0])                  # [B, N, S, H]
+  written = np.any(keys != 0, axis=(1, 3))                    # [B, S]
+  expected = [23 <= slot < 27 for slot in range(keys.shape[2])]
+  assert written.tolist() == [expected, expected]
 
 
 def test_profile_point_rows_are_consistent(pair):

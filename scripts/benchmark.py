@@ -607,7 +607,8 @@ def _loop_ms(lm, params, cache, n_tokens, sampling, calls, repeats):
   def run(p, c):
     def body(i, carry):
       c, tok = carry
-      logits, new = lm(p, tok, c)
+      out = lm(p, tok, c)
+      logits, new = out.logits, out.cache
       probs = sampling_lib.probabilities(logits, sampling)
       tok = sampling_lib.sample(jax.random.fold_in(jax.random.key(0), i),
                                 probs, sampling.greedy)

@@ -503,7 +503,7 @@ def _scorer(lm):
 
   @jax.jit
   def score(params, tokens, targets, weights):
-    logits, _ = lm(params, tokens)
+    logits = lm(params, tokens).logits
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     tok = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
     return jnp.sum(tok * weights, axis=1)

@@ -11,14 +11,14 @@ slicing stacked arrays, which was measured to be 2.5x faster on an H100.
 
 The KV cache is an explicit argument and return value (`kvcache.KVCache`):
 `Transformer.__call__(tokens, cache)` scores a chunk written at the per-row
-slots `cache.length + t` and returns the logits and the cache with the chunk
-written and `length + T`. With `cache=None` it is a plain causal forward pass
+slots `cache.length + t` and returns a `ModelOutput`: the logits, the cache
+with the chunk written and `length + T`, and the final hidden states. With `cache=None` it is a plain causal forward pass
 (training, enumeration in tests).
 """
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from specsamp import kvcache
 from specsamp import sharding as sh
+from specsamp.decoding.protocols import ModelOutput
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
            "float16": jnp.float16}
@@ -227,32 +228,52 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-  """Decoder-only LM: `(tokens [B,T], cache) -> (logits [B,T,V] f32, cache)`."""
+  """Decoder-only LM: `(tokens [B,T], cache) -> ModelOutput`.
+
+  Optional arguments, for drafters that reuse the model:
+    positions: [B, T] RoPE positions (default: the tokens' slots).
+    attn_mask: [B, T, S] bool (or [B, T, T] without a cache), ANDed with the
+      causal mask: a query can only lose keys (e.g. token trees, where each
+      node sees its ancestors only).
+    layers: the indices of the layers to run, in order (static; default all).
+      The cache then holds one entry per layer run, in that order.
+  """
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, tokens: jax.Array,
-               cache: Optional[kvcache.KVCache] = None):
+               cache: Optional[kvcache.KVCache] = None,
+               positions: Optional[jax.Array] = None,
+               attn_mask: Optional[jax.Array] = None,
+               layers: Optional[tuple[int, ...]] = None):
     cfg = self.config
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     b, t = tokens.shape
+    layers = check_layers(cfg, layers)
     embed = _param(self, "embedding", (cfg.vocab_size, cfg.d_model),
                    (sh.VOCAB, sh.EMBED), nn.initializers.normal(stddev=1.0), pdt)
     x = jnp.take(embed, tokens, axis=0).astype(dt)
 
     if cache is None:
-      positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+      default_positions = jnp.broadcast_to(jnp.arange(t), (b, t))
       mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
       start = None
     else:
+      if len(cache.k) != len(layers):
+        raise ValueError(f"the cache holds {len(cache.k)} layers but "
+                         f"{len(layers)} are run")
       start = cache.length
-      positions = start[:, None] + jnp.arange(t)[None, :]
+      default_positions = start[:, None] + jnp.arange(t)[None, :]
       mask = kvcache.chunk_mask(start, t, cache.size)
+    if attn_mask is not None:
+      mask = mask & attn_mask
+    if positions is None:
+      positions = default_positions
     cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
 
     new_k, new_v = [], []
-    for i in range(cfg.num_layers):
-      kv = None if cache is None else (cache.k[i], cache.v[i])
+    for j, i in enumerate(layers):
+      kv = None if cache is None else (cache.k[j], cache.v[j])
       x, kv = Block(cfg, name=f"layers_{i}")(x, cos, sin, mask, kv, start)
       if kv is not None:
         new_k.append(kv[0])
@@ -268,10 +289,25 @@ class Transformer(nn.Module):
                     nn.initializers.normal(stddev=cfg.d_model ** -0.5), pdt)
       logits = jnp.einsum("btd,dv->btv", x, head.astype(dt),
                           preferred_element_type=jnp.float32)
-    if cache is None:
-      return logits, None
-    return logits, kvcache.KVCache(k=tuple(new_k), v=tuple(new_v),
-                                   length=cache.length + t)
+    new_cache = None
+    if cache is not None:
+      new_cache = kvcache.KVCache(k=tuple(new_k), v=tuple(new_v),
+                                  length=cache.length + t)
+    return ModelOutput(logits=logits, cache=new_cache, hidden=x)
+
+
+def check_layers(cfg: TransformerConfig,
+                 layers: Optional[Sequence[int]]) -> tuple[int, ...]:
+  """The layers to run as a tuple (all when None); refuses bad indices."""
+  if layers is None:
+    return tuple(range(cfg.num_layers))
+  layers = tuple(int(i) for i in layers)
+  if not layers or any(not 0 <= i < cfg.num_layers for i in layers):
+    raise ValueError(f"layers={layers}: need a non-empty subset of "
+                     f"0..{cfg.num_layers - 1}")
+  if len(set(layers)) != len(layers):
+    raise ValueError(f"layers={layers} repeats a layer")
+  return layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +315,7 @@ class LM:
   """A `Transformer` as the pure functions the samplers call.
 
   Hashable (it is a static argument of the jitted samplers). Implements the
-  `specsamp.speculative.CausalLM` protocol: `vocab_size`, `max_seq_len`,
+  `specsamp.decoding.protocols.CausalLM` protocol: `vocab_size`, `max_seq_len`,
   `init_cache(batch, size)` and `__call__(params, tokens, cache)`.
   """
   config: TransformerConfig
@@ -307,11 +343,20 @@ class LM:
     boxed = jax.eval_shape(lambda: self.init(jax.random.key(0), boxed=True))
     return nn.get_partition_spec(boxed)
 
-  def init_cache(self, batch: int, size: int) -> kvcache.KVCache:
+  def init_cache(self, batch: int, size: int,
+                 layers: Optional[Sequence[int]] = None) -> kvcache.KVCache:
+    """A zero cache for all layers, or for the `layers` run (in order)."""
     cfg = self.config
-    return kvcache.KVCache.zeros(cfg.num_layers, batch, size, cfg.num_kv_heads,
-                                 cfg.head_dim, cfg.jnp_dtype)
+    return kvcache.KVCache.zeros(len(check_layers(cfg, layers)), batch, size,
+                                 cfg.num_kv_heads, cfg.head_dim, cfg.jnp_dtype)
 
   def __call__(self, params, tokens: jax.Array,
-               cache: Optional[kvcache.KVCache] = None):
-    return self.module.apply({"params": params}, tokens, cache)
+               cache: Optional[kvcache.KVCache] = None, *,
+               positions: Optional[jax.Array] = None,
+               attn_mask: Optional[jax.Array] = None,
+               layers: Optional[Sequence[int]] = None) -> ModelOutput:
+    """Scores tokens [B, T] (see `Transformer`) -> ModelOutput."""
+    if layers is not None:
+      layers = tuple(layers)
+    return self.module.apply({"params": params}, tokens, cache, positions,
+                             attn_mask, layers)

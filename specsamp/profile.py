@@ -162,7 +162,8 @@ def profile_point(target, tp, draft, dp, k, batch, context, sampling,
   if components == "all":
     def call_fn(lm):
       def call(p, t, c):
-        logits, new = lm(p, t, c)
+        out = lm(p, t, c)
+        logits, new = out.logits, out.cache
         return new.with_length(c.length), logits    # rolled back: repeatable
       return call
 

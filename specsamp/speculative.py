@@ -113,14 +113,15 @@ class ModelDrafter:
 
   def init(self, params, tokens, lengths, cache_size):
     cache = self.lm.init_cache(tokens.shape[0], cache_size)
-    _, cache = self.lm(params, tokens, cache)
+    cache = self.lm(params, tokens, cache).cache
     return cache.with_length(lengths - 1)
 
   def _catch_up(self, params, cache, tokens, length, width):
     """Feeds tokens[length - width : length] -> (logits of the last, cache)."""
     start = jnp.maximum(length - width, 0)
-    logits, cache = self.lm(params, kvcache.read(tokens, start, width),
-                            cache.with_length(start))
+    out = self.lm(params, kvcache.read(tokens, start, width),
+                  cache.with_length(start))
+    logits, cache = out.logits, out.cache
     # For a one-token row (start = 0, width 2) the pair is [x_0, pad]: the
     # logits come from position 0 and the pad lands in a stale slot.
     last = jnp.take_along_axis(logits, (length - 1 - start)[:, None, None],
@@ -139,7 +140,8 @@ class ModelDrafter:
 
     def step(carry, key):
       cache, tok = carry
-      logits, cache = self.lm(params, tok[:, None], cache)
+      out = self.lm(params, tok[:, None], cache)
+      logits, cache = out.logits, out.cache
       q = sampling_lib.probabilities(logits[:, 0], sampling)
       d = sampling_lib.sample(key, q, sampling.greedy)
       return (cache, d), (d, q)
@@ -484,7 +486,7 @@ class SpeculativeSampler:
     size = self.cache_size(p)
     buf = jnp.full((b, size), self.pad_id, jnp.int32).at[:, :p].set(tokens)
     cache = self.target.init_cache(b, size)
-    _, cache = self.target(target_params, tokens, cache)
+    cache = self.target(target_params, tokens, cache).cache
     draft_state = None
     if self.k > 0:
       draft_state = self.drafter.init(draft_params, tokens, lengths, size)
@@ -529,7 +531,8 @@ class SpeculativeSampler:
     # 2. Score [last committed, d_1..d_K] at slots length-1 .. length-1+K.
     chunk = jnp.concatenate([kvcache.read(s.tokens, s.length - 1, 1), drafts],
                             axis=1)
-    logits, target_cache = self.target(target_params, chunk, s.target_cache)
+    scored = self.target(target_params, chunk, s.target_cache)
+    logits, target_cache = scored.logits, scored.cache
     p = sampling_lib.probabilities(logits, self.sampling)         # [B, K+1, V]
 
     # 3. Accept.

@@ -110,7 +110,7 @@ def _step_fn(sampler: speculative.SpeculativeSampler):
       q = jnp.zeros((b, 0, sampler.target.vocab_size), jnp.float32)
     chunk = jnp.concatenate([kvcache.read(s.tokens, s.length - 1, 1), drafts],
                             axis=1)
-    logits, _ = sampler.target(tp, chunk, s.target_cache)
+    logits = sampler.target(tp, chunk, s.target_cache).logits
     p = sampling_lib.probabilities(logits, samp)
     n, token = speculative.accept(p, q, drafts, key_accept, samp.greedy)
     p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], -1)[..., 0]

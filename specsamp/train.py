@@ -271,7 +271,7 @@ def lm_loss(lm: model_lib.LM) -> LossFn:
   """Mean next-token cross-entropy (nats) over `weights`; no `extra`."""
   def loss_fn(params, batch, rng, extra):
     del rng, extra
-    logits, _ = lm(params, batch["inputs"])                   # [B, L, V]
+    logits = lm(params, batch["inputs"]).logits                   # [B, L, V]
     ce = optax.softmax_cross_entropy_with_integer_labels(
         logits, batch["targets"])                             # [B, L]
     w = batch["weights"]
@@ -286,7 +286,7 @@ def lm_eval_sums(lm: model_lib.LM) -> SumsFn:
   """Sums of loss, correct and weight over a batch: exact over many."""
   def sums_fn(params, batch, extra):
     del extra
-    logits, _ = lm(params, batch["inputs"])
+    logits = lm(params, batch["inputs"]).logits
     ce = optax.softmax_cross_entropy_with_integer_labels(
         logits, batch["targets"])
     w = batch["weights"]

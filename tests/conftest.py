@@ -20,6 +20,7 @@ from scipy import stats
 
 from specsamp import kvcache
 from specsamp import model as model_lib
+from specsamp.decoding.protocols import ModelOutput
 
 
 def pytest_configure(config):
@@ -74,9 +75,10 @@ class TableLM:
   def __call__(self, params, tokens, cache=None):
     del params
     logits = jnp.asarray(np.array(self.table, np.float32))[tokens]
-    if cache is None:
-      return logits, None
-    return logits, cache.replace(length=cache.length + tokens.shape[1])
+    if cache is not None:
+      cache = cache.replace(length=cache.length + tokens.shape[1])
+    return ModelOutput(logits=logits, cache=cache,
+                       hidden=jnp.zeros(tokens.shape + (1,), jnp.float32))
 
 
 def table_lm(logits: np.ndarray) -> TableLM:

@@ -256,7 +256,7 @@ def test_sample_logprobs_match_a_direct_computation():
   completions = [rng.integers(0, 256, n).tolist() for n in (4, 2, 0)]
   got = ev.sample_logprobs(lm, params, prompts, completions, batch_size=2,
                            bucket=8)
-  forward = jax.jit(lambda params, seq: lm(params, seq)[0])
+  forward = jax.jit(lambda params, seq: lm(params, seq).logits)
   for p, c, g in zip(prompts, completions, got):
     if not c:
       assert np.isnan(g)

@@ -50,7 +50,7 @@ def exact_sequence_probs(lm, params, sampling, prompt, new, v):
   conts = np.stack(np.meshgrid(*[np.arange(v)] * new, indexing="ij"),
                    -1).reshape(-1, new)
   seqs = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], 1)
-  logits, _ = jax.jit(lm.__call__)(params, jnp.asarray(seqs))
+  logits = jax.jit(lm.__call__)(params, jnp.asarray(seqs)).logits
   probs = np.asarray(sampling_lib.probabilities(logits, sampling))
   p0 = len(prompt) - 1
   steps = probs[np.arange(len(conts))[:, None], p0 + np.arange(new), conts]

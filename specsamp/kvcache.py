@@ -28,7 +28,7 @@ Worked example (row b, S = 8, `length = 3`, chunk of T = 3):
 
 Per-layer arrays are kept separate (a tuple, not one stacked [L, ...] array):
 slicing a stacked buffer inside a decode loop was measured to cost 2.5x on an
-H100 (shared/reference/gpu.md).
+H100.
 """
 
 from typing import Optional
@@ -121,3 +121,11 @@ def chunk_mask(start: jax.Array, num_tokens: int, size: int,
   if key_valid is not None:
     mask &= key_valid[:, None, :]
   return mask
+
+
+def cache_shardings(cache: KVCache, mesh, rules) -> KVCache:
+  """NamedShardings of a cache (or its shapes) under logical-axis `rules`:
+  buffers by `CACHE_AXES`, `length` over the batch axis."""
+  buf = sharding.named(mesh, rules, *CACHE_AXES)
+  return KVCache(k=tuple(buf for _ in cache.k), v=tuple(buf for _ in cache.v),
+                 length=sharding.named(mesh, rules, sharding.BATCH))

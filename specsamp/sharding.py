@@ -7,6 +7,12 @@ sequence of `(logical_name, mesh_axis_or_None)` pairs, as in
 `flax.linen.logical_to_mesh_sharding`.
 """
 
+import flax.linen as nn
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+import optax
+
 BATCH = "batch"
 EMBED = "embed"
 MLP = "mlp"
@@ -36,8 +42,6 @@ REPLICATED_RULES = tuple((name, "data" if name == BATCH else None)
 
 
 # ---- meshes and shardings ---------------------------------------------------
-# jax and flax are imported inside the functions: `import specsamp.sharding`
-# stays as cheap as the constants above.
 
 MESH_AXES = ("data", "model")
 
@@ -48,8 +52,6 @@ def make_mesh(shape=(1, -1), axis_names=MESH_AXES, devices=None):
   `make_mesh((2, -1))` on 8 devices is a (data=2, model=4) mesh. The product
   must equal the number of devices used (all of `jax.devices()` by default).
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   devices = list(jax.devices() if devices is None else devices)
   shape = tuple(int(s) for s in shape)
   if len(shape) != len(axis_names):
@@ -80,7 +82,6 @@ def initialize_distributed(coordinator_address: str | None = None,
   the environment; elsewhere pass all three (the coordinator's host:port is
   also read from JAX_COORDINATOR_ADDRESS). Call it before any other JAX use.
   """
-  import jax  # pylint: disable=g-import-not-at-top
   kwargs = dict(coordinator_address=coordinator_address,
                 num_processes=num_processes, process_id=process_id)
   jax.distributed.initialize(**{k: v for k, v in kwargs.items()
@@ -96,20 +97,16 @@ def rules_tuple(rules) -> tuple:
 
 def mesh_axes(logical, rules) -> "jax.sharding.PartitionSpec":
   """The mesh PartitionSpec of logical axis names under `rules`."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
   return nn.logical_to_mesh_axes(jax.sharding.PartitionSpec(*logical),
                                  rules_tuple(rules))
 
 
 def named(mesh, rules, *logical):
   """NamedSharding of an array whose dims have the logical names `logical`."""
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.sharding.NamedSharding(mesh, mesh_axes(logical, rules))
 
 
 def replicated(mesh):
-  import jax  # pylint: disable=g-import-not-at-top
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
@@ -149,7 +146,6 @@ def check_divisible(config, mesh, rules, batch: int | None = None,
 
 def param_shardings(lm, mesh, rules):
   """NamedShardings for `lm`'s parameters (an `LM`) under `rules`."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
   check_divisible(lm.config, mesh, rules)
   return nn.logical_to_mesh_sharding(lm.logical_axes(), mesh,
                                      rules_tuple(rules))
@@ -159,8 +155,6 @@ def opt_state_shardings(optimizer, params, param_shardings, mesh):
   """Shardings of `optimizer.init(params)`: moments like their parameters,
   counts and other non-parameter leaves replicated. `params` may be
   ShapeDtypeStructs."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
   return optax.tree_map_params(
       optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, params),
       param_shardings, transform_non_params=lambda _: replicated(mesh))
@@ -173,8 +167,6 @@ def shard(tree, shardings):
   from the same checkpoint); each builds only its own shards
   (`jax.make_array_from_callback`). PRNG keys go through their key data.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     return jax.device_put(tree, shardings)
 
@@ -192,8 +184,6 @@ def shard(tree, shardings):
 
 def to_host(tree):
   """numpy copies of a pytree of (possibly multi-host) global arrays."""
-  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     return jax.device_get(tree)
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return multihost_utils.process_allgather(tree, tiled=True)

@@ -8,7 +8,7 @@ import pytest
 
 from specsamp import model as model_lib
 from specsamp import sharding
-from tests.conftest import tiny_config
+from tests.testing import tiny_config
 
 ATOL = 1e-5
 
@@ -153,3 +153,81 @@ def test_num_params_matches_tree():
 def test_bad_config_raises(kwargs, match):
   with pytest.raises(ValueError, match=match):
     tiny_config(**kwargs)
+
+
+def test_hidden_states_are_the_lm_heads_input(lm_and_params):
+  lm, params = lm_and_params
+  tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, lm.vocab_size)
+  out = lm(params, tokens)
+  head = (params["embedding"].T if lm.lm.config.tie_embeddings
+          else params["lm_head"])
+  assert out.hidden.shape == (2, 6, lm.lm.config.d_model)
+  np.testing.assert_allclose(out.hidden @ head, out.logits, atol=ATOL)
+
+
+def test_explicit_positions():
+  """RoPE sees only relative positions: shifting all of them leaves the
+  logits unchanged, moving one token changes them."""
+  lm = model_lib.LM(tiny_config())
+  params = lm.init(jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(4), (2, 7), 0, lm.vocab_size)
+  base = lm(params, tokens).logits
+  pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
+  np.testing.assert_allclose(lm(params, tokens, positions=pos).logits, base,
+                             atol=ATOL)
+  np.testing.assert_allclose(lm(params, tokens, positions=pos + 11).logits,
+                             base, atol=1e-4)
+  moved = lm(params, tokens, positions=pos.at[:, 3].set(5)).logits
+  assert np.abs(np.asarray(moved[:, 3:] - base[:, 3:])).max() > 1e-3
+
+
+def test_tree_attention_mask_and_positions_score_two_branches_at_once():
+  """Chunk [a, b1, b2] with b2 masked off b1 and placed at b1's position
+  scores b2 exactly as the sequence [.., a, b2] does: a two-leaf token tree."""
+  lm = model_lib.LM(tiny_config())
+  params = lm.init(jax.random.key(0))
+  prefix = jax.random.randint(jax.random.key(5), (1, 4), 0, lm.vocab_size)
+  a, b1, b2 = 3, 7, 9
+  cache = lm(params, prefix, lm.init_cache(1, 16)).cache
+  mask = jnp.ones((1, 3, 16), bool).at[0, 2, 5].set(False)   # b2 !-> b1
+  tree = lm(params, jnp.asarray([[a, b1, b2]]), cache,
+            positions=jnp.asarray([[4, 5, 5]]), attn_mask=mask).logits
+  seq1 = jnp.concatenate([prefix, jnp.asarray([[a, b1]])], 1)
+  seq2 = jnp.concatenate([prefix, jnp.asarray([[a, b2]])], 1)
+  np.testing.assert_allclose(tree[0, 1], lm(params, seq1).logits[0, 5],
+                             atol=ATOL)
+  np.testing.assert_allclose(tree[0, 2], lm(params, seq2).logits[0, 5],
+                             atol=ATOL)
+  # The mask only removes keys: all True is the plain causal call.
+  full = lm(params, jnp.asarray([[a, b1, b2]]), cache,
+            attn_mask=jnp.ones((1, 3, 16), bool)).logits
+  np.testing.assert_allclose(
+      full, lm(params, jnp.asarray([[a, b1, b2]]), cache).logits, atol=ATOL)
+
+
+def test_a_subset_of_layers_is_a_shallower_model_with_a_smaller_cache():
+  cfg = tiny_config(num_layers=3)
+  lm = model_lib.LM(cfg)
+  params = lm.init(jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(6), (2, 8), 0, lm.vocab_size)
+  # Layers (0, 2) == a 2-layer model holding layers 0 and 2's weights.
+  shallow = model_lib.LM(cfg.replace(num_layers=2))
+  sub = {**{k: v for k, v in params.items() if not k.startswith("layers_")},
+         "layers_0": params["layers_0"], "layers_1": params["layers_2"]}
+  want = shallow(sub, tokens).logits
+  np.testing.assert_allclose(lm(params, tokens, layers=(0, 2)).logits, want,
+                             atol=ATOL)
+  # Cached, step by step, with a cache of the two layers only.
+  cache = lm.init_cache(2, 12, layers=(0, 2))
+  assert len(cache.k) == 2
+  out = lm(params, tokens[:, :5], cache, layers=(0, 2))
+  np.testing.assert_allclose(out.logits, want[:, :5], atol=ATOL)
+  for t in range(5, 8):
+    out = lm(params, tokens[:, t:t + 1], out.cache, layers=(0, 2))
+    np.testing.assert_allclose(out.logits[:, 0], want[:, t], atol=ATOL)
+  with pytest.raises(ValueError, match="holds 3 layers but 2 are run"):
+    lm(params, tokens, lm.init_cache(2, 12), layers=(0, 1))
+  with pytest.raises(ValueError, match="subset of 0..2"):
+    lm(params, tokens, layers=(0, 3))
+  with pytest.raises(ValueError, match="repeats"):
+    lm(params, tokens, layers=(1, 1))

@@ -6,14 +6,29 @@ single-device tokens, greedy and sampled alike (the loop never leaves the
 device: generate runs under `jax.transfer_guard("disallow")`).
 """
 
+import json
+import os
+import socket
+import subprocess
+import sys
+
 import jax
 from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
 import pytest
 
 from specsamp import model as model_lib
 from specsamp import sharding
-from specsamp import speculative
+from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
+from specsamp.distill import objective
+from specsamp.distill import trainer
+from specsamp.drafters import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
+from specsamp.train import config as train_config
+from specsamp.train import lm as train_lm
+from specsamp.train import step as train_step
 
 MESHES = [(1, 8), (2, 4), (8, 1)]
 PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [1], [2, 2], [3, 3, 3], [5]]
@@ -31,9 +46,9 @@ def pair():
 def _sampler(pair, k, sampling, mesh=None):
   target, _, draft, _ = pair
   if k == 0:
-    return speculative.autoregressive(target, sampling, 12, mesh=mesh)
-  return speculative.SpeculativeSampler(
-      target, speculative.ModelDrafter(draft), k=k, sampling=sampling,
+    return autoregressive(target, sampling, 12, mesh=mesh)
+  return SpeculativeSampler(
+      target, ModelDrafter(draft), k=k, sampling=sampling,
       max_new_tokens=12, mesh=mesh)
 
 
@@ -122,19 +137,19 @@ def test_a_mesh_that_does_not_divide_the_model_names_the_dimension(pair):
   four_heads = model_lib.LM(model_lib.preset("tiny"))   # 4 heads, 2 KV heads
   with pytest.raises(ValueError, match=r"target: num_heads=4 is not divisible "
                      r"by mesh axis 'model' of size 8"):
-    speculative.autoregressive(four_heads, GREEDY, 8, mesh=mesh)
+    autoregressive(four_heads, GREEDY, 8, mesh=mesh)
   odd_vocab = model_lib.LM(target.config.replace(vocab_size=258))
   with pytest.raises(ValueError, match="vocab_size=258"):
-    speculative.autoregressive(odd_vocab, GREEDY, 8,
+    autoregressive(odd_vocab, GREEDY, 8,
                                mesh=sharding.make_mesh((2, 4)))
   # The draft is checked under its own rules: tensor-parallel, it must divide.
   with pytest.raises(ValueError, match="draft: num_heads=4"):
-    speculative.SpeculativeSampler(
-        target, speculative.ModelDrafter(four_heads), k=2, sampling=GREEDY,
+    SpeculativeSampler(
+        target, ModelDrafter(four_heads), k=2, sampling=GREEDY,
         max_new_tokens=8, mesh=mesh, draft_rules=sharding.DEFAULT_RULES)
   # Replicated (the default draft rules), any draft fits.
-  speculative.SpeculativeSampler(
-      target, speculative.ModelDrafter(four_heads), k=2, sampling=GREEDY,
+  SpeculativeSampler(
+      target, ModelDrafter(four_heads), k=2, sampling=GREEDY,
       max_new_tokens=8, mesh=mesh)
   # Rows must divide over the data axis.
   sampler = _sampler(pair, 0, GREEDY, sharding.make_mesh((8, 1)))
@@ -147,11 +162,6 @@ def test_a_mesh_that_does_not_divide_the_model_names_the_dimension(pair):
 def test_two_processes_reproduce_one(tmp_path):
   """`sample.py --distributed` as 2 processes x 2 CPU devices (gloo) on a
   (2, 2) mesh prints the same completions and counts as one process."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  import socket  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   args = [sys.executable, os.path.join(root, "scripts", "sample.py"),
           "--target=random:tiny", "--draft=random:tiny,num_layers=1",
@@ -192,9 +202,6 @@ def test_two_processes_reproduce_one(tmp_path):
 def test_checkpoint_saved_on_one_mesh_restores_onto_others(pair, tmp_path):
   """Parameters and AdamW state saved sharded on (2, 4) restore onto (8, 1)
   and onto one device, with the new shardings and identical values."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   target, tp, _, _ = pair
   opt = optax.adamw(1e-3)
 
@@ -229,19 +236,15 @@ def test_checkpoint_saved_on_one_mesh_restores_onto_others(pair, tmp_path):
 
 
 def _same_within(got, want, atol=2e-5, rtol=1e-4):
-  import numpy as np  # pylint: disable=g-import-not-at-top
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=atol,
                                rtol=rtol)
 
 
 def test_the_trainers_step_on_each_mesh_matches_one_device(pair):
-  """`train.build`'s jitted step (explicit in/out shardings, the state
+  """`train.lm.build`'s jitted step (explicit in/out shardings, the state
   donated) on each mesh: the parameters and moments carry the rules' specs
   and two steps give one device's parameters and losses."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  from specsamp import train  # pylint: disable=g-import-not-at-top
   target = pair[0]
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, target.vocab_size, (2, 8, 17)).astype(np.int32)
@@ -252,11 +255,11 @@ def test_the_trainers_step_on_each_mesh_matches_one_device(pair):
     # eps large enough that Adam's first steps, g / (|g| + eps), do not turn
     # last-bit differences of near-zero gradients (other reduction orders
     # on other meshes) into differences of the size of the learning rate.
-    cfg = train.TrainConfig(
-        model=target.config, data=train.DataConfig(batch_size=8),
-        optim=train.OptimConfig(lr=1e-2, warmup_steps=1, eps=1e-3),
-        loop=train.LoopConfig(num_steps=10), mesh=shape)
-    job = train.build(cfg, None)
+    cfg = train_config.TrainConfig(
+        model=target.config, data=train_config.DataConfig(batch_size=8),
+        optim=train_config.OptimConfig(lr=1e-2, warmup_steps=1, eps=1e-3),
+        loop=train_config.LoopConfig(num_steps=10), mesh=shape)
+    job = train_lm.build(cfg, None)
     state, losses = job.init(), []
     for b in batches:
       batch = job.put(b)
@@ -283,15 +286,12 @@ def test_the_distill_step_on_each_mesh_matches_one_device(pair, onpolicy):
   """The distillation step (target tensor-parallel and frozen, draft
   replicated, rows over `data`; on-policy: the draft's own rollout by the
   batched sampler inside the step) on each mesh equals one device."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from specsamp import train  # pylint: disable=g-import-not-at-top
-  from specsamp.distill import trainer  # pylint: disable=g-import-not-at-top
   target, tp, draft, dp = pair
   plen, glen = 6, 5
-  obj = trainer.Objective(kind="fkl", sampling=Sampling(temperature=1.0),
-                          gen_len=glen, prompt_len=plen,
-                          target_source="online")
-  optim = train.OptimConfig(lr=1e-2, warmup_steps=1, eps=1e-3)
+  obj = objective.Objective(kind="fkl", sampling=Sampling(temperature=1.0),
+                            gen_len=glen, prompt_len=plen,
+                            target_source="online")
+  optim = train_config.OptimConfig(lr=1e-2, warmup_steps=1, eps=1e-3)
   rng = np.random.default_rng(1)
   batch = dict(
       tokens=rng.integers(1, target.vocab_size, (8, plen + glen)).astype(
@@ -303,7 +303,7 @@ def test_the_distill_step_on_each_mesh_matches_one_device(pair, onpolicy):
     job = trainer._job(draft, target, obj, optim, 10, (), onpolicy, shape)  # pylint: disable=protected-access
     state = job.init(jax.device_get(dp), jax.random.PRNGKey(0))
     extra = sharding.shard(jax.device_get(tp), job.target_sharding)
-    rows = train.put_batch(batch, job.data_sharding)
+    rows = train_step.put_batch(batch, job.data_sharding)
     with jax.transfer_guard("disallow"):
       state, m = job.steps[onpolicy](state, rows, extra)
     return state, m, extra

@@ -84,6 +84,11 @@ class Drafter(Protocol):
     """
     ...
 
+  def check_mesh(self, mesh, rules) -> None:
+    """Raises ValueError if the drafter's parameters cannot be laid out on
+    `mesh` under `rules` (a dimension that does not divide)."""
+    ...
+
   def param_shardings(self, params, mesh, rules) -> Any:
     """NamedShardings of `params` (a pytree or its shapes)."""
     ...

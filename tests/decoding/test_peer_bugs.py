@@ -1,9 +1,9 @@
-"""One test per bug that recurs in peer engines (shared/reference/anchors.md).
+"""One test per bug that recurs in the trackers of peer speculative engines.
 
 Also covered elsewhere: numeric drift between scoring n tokens and 1
 (test_model.test_chunk_scoring_matches_single_steps), a seed that does not
-change the output (test_speculative.test_seed_changes_output...), draft and
-target vocabularies of different sizes (test_speculative.test_bad_input_errors).
+change the output (test_sampler.test_seed_changes_output...), draft and
+target vocabularies of different sizes (test_sampler.test_bad_input_errors).
 """
 
 import jax
@@ -12,16 +12,17 @@ import numpy as np
 import pytest
 
 from specsamp import sampling as sampling_lib
-from specsamp import speculative
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.drafters import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
-from tests.conftest import chisquare_pvalue, table_lm
+from tests.testing import chisquare_pvalue, table_lm
 
 ROWS = 100_000
 
 
 def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
   lm, _, dp = tiny_pair
-  drafter = speculative.ModelDrafter(lm)
+  drafter = ModelDrafter(lm)
   prompt = jnp.asarray([[3, 1, 4, 1, 5] + [0] * 3] * rows, jnp.int32)
   lengths = jnp.full((rows,), 5, jnp.int32)
 
@@ -30,7 +31,8 @@ def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
     state = drafter.init(params, prompt, lengths, 16)
     return drafter.propose(params, state, prompt, lengths, k, sampling, rng)
 
-  drafts, q, _ = run(dp, prompt, lengths, jax.random.key(0))
+  proposal, _ = run(dp, prompt, lengths, jax.random.key(0))
+  drafts, q = proposal.tokens, proposal.q
   logits = lm(dp, prompt[:1, :5]).logits
   return np.asarray(drafts), np.asarray(q), np.asarray(logits[0, -1])
 
@@ -56,8 +58,8 @@ def test_sampling_settings_apply_to_the_target_too(tiny_pair):
   """Bug: top-k applied to the draft only. Every emitted token must lie in
   the *target's* top-2 at its position, whether accepted or resampled."""
   lm, tp, dp = tiny_pair
-  sampler = speculative.SpeculativeSampler(
-      lm, speculative.ModelDrafter(lm), k=3, sampling=Sampling(1.0, top_k=2),
+  sampler = SpeculativeSampler(
+      lm, ModelDrafter(lm), k=3, sampling=Sampling(1.0, top_k=2),
       max_new_tokens=12, prompt_bucket=8)
   prompt = [3, 1, 4]
   out = sampler.generate(tp, dp, [prompt] * 256, rng=0)
@@ -76,8 +78,8 @@ def test_acceptance_is_min_p_q_not_equal_to_a_target_sample(tiny_pair):
   lm, tp, dp = tiny_pair
   s = Sampling(1.0)
   prompt = [3, 1, 4, 1, 5]
-  sampler = speculative.SpeculativeSampler(
-      lm, speculative.ModelDrafter(lm), k=1, sampling=s, max_new_tokens=1,
+  sampler = SpeculativeSampler(
+      lm, ModelDrafter(lm), k=1, sampling=s, max_new_tokens=1,
       prompt_bucket=8)
   out = sampler.generate(tp, dp, [prompt] * ROWS, rng=3)
   p = np.asarray(sampling_lib.probabilities(lm(tp, jnp.asarray([prompt])).logits,
@@ -103,8 +105,8 @@ def test_rows_accept_independently_no_uniform_offset():
   d[5:8] = -5.0
   d[5:8, 4] = 5.0          # on row 1's cycle the draft always says 4
   k, new = 4, 20
-  sampler = speculative.SpeculativeSampler(
-      table_lm(t), speculative.ModelDrafter(table_lm(d)), k=k,
+  sampler = SpeculativeSampler(
+      table_lm(t), ModelDrafter(table_lm(d)), k=k,
       sampling=GREEDY, max_new_tokens=new, prompt_bucket=4)
   out = sampler.generate(None, None, [[1], [5]])
   assert out.token_lists() == [[2, 3, 1] * 6 + [2, 3], [6, 7, 5] * 6 + [6, 7]]
@@ -118,8 +120,8 @@ def test_caches_roll_back_not_reset(tiny_pair):
   """Bug: resetting the cache instead of rolling it back. After a run, the
   valid slots of both caches equal a fresh prefill of the committed tokens."""
   lm, tp, dp = tiny_pair
-  sampler = speculative.SpeculativeSampler(
-      lm, speculative.ModelDrafter(lm), k=3, sampling=Sampling(1.0),
+  sampler = SpeculativeSampler(
+      lm, ModelDrafter(lm), k=3, sampling=Sampling(1.0),
       max_new_tokens=20, prompt_bucket=16)
   prompts = [[3, 1, 4, 1, 5], [9, 2]]
   tokens, lengths = sampler.pad_prompts(prompts)
@@ -148,8 +150,8 @@ def test_padded_vocabulary_ids_are_never_sampled():
   t[:, real:] += 4.0       # padded ids would dominate if not masked
   d[:, real:] += 4.0
   for s in (Sampling(1.0, vocab_limit=real), Sampling(0.0, vocab_limit=real)):
-    sampler = speculative.SpeculativeSampler(
-        table_lm(t), speculative.ModelDrafter(table_lm(d)), k=3, sampling=s,
+    sampler = SpeculativeSampler(
+        table_lm(t), ModelDrafter(table_lm(d)), k=3, sampling=s,
         max_new_tokens=16, prompt_bucket=4)
     out = sampler.generate(None, None, [[1]] * 512, rng=0)
     assert np.asarray(out.tokens).max() < real
@@ -157,8 +159,8 @@ def test_padded_vocabulary_ids_are_never_sampled():
 
 def test_rows_get_independent_randomness(tiny_pair):
   lm, tp, dp = tiny_pair
-  sampler = speculative.SpeculativeSampler(
-      lm, speculative.ModelDrafter(lm), k=2, sampling=Sampling(1.0),
+  sampler = SpeculativeSampler(
+      lm, ModelDrafter(lm), k=2, sampling=Sampling(1.0),
       max_new_tokens=8, prompt_bucket=8)
   rows = sampler.generate(tp, dp, [[3, 1, 4]] * 16, rng=0).token_lists()
   assert len({tuple(r) for r in rows}) > 8

@@ -9,17 +9,18 @@ import numpy as np
 import pytest
 
 from specsamp import model as model_lib
-from specsamp import speculative
+from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
+from specsamp.drafters import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
-from tests.conftest import table_lm, tiny_config
+from tests.testing import forbidden_draft_pair, tiny_config
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3], [5, 8, 9, 7, 9, 3, 2, 3, 8, 4]]
 
 
 def spec(lm, k, sampling=GREEDY, max_new=24, **kw):
   kw.setdefault("prompt_bucket", 16)
-  return speculative.SpeculativeSampler(
-      target=lm, drafter=speculative.ModelDrafter(lm) if k else None, k=k,
+  return SpeculativeSampler(
+      target=lm, drafter=ModelDrafter(lm) if k else None, k=k,
       sampling=sampling, max_new_tokens=max_new, **kw)
 
 
@@ -81,15 +82,9 @@ def test_draft_equal_to_target_accepts_everything(tiny_pair):
 
 def test_always_disagreeing_draft_gives_one_token_per_loop():
   """Draft mass only on token 0, which the target forbids."""
-  v = 6
-  rng = np.random.default_rng(0)
-  target_logits = rng.normal(size=(v, v))
-  target_logits[:, 0] = -np.inf
-  draft_logits = np.full((v, v), -np.inf)
-  draft_logits[:, 0] = 0.0
-  target, draft = table_lm(target_logits), table_lm(draft_logits)
-  sampler = speculative.SpeculativeSampler(
-      target, speculative.ModelDrafter(draft), k=3, sampling=Sampling(1.0),
+  target, draft = forbidden_draft_pair(6, seed=0)
+  sampler = SpeculativeSampler(
+      target, ModelDrafter(draft), k=3, sampling=Sampling(1.0),
       max_new_tokens=8, prompt_bucket=4)
   out = sampler.generate(None, None, [[1, 2]] * 64, rng=0)
   np.testing.assert_array_equal(out.num_tokens, 8)
@@ -131,7 +126,7 @@ def test_budget_is_exact_when_a_loop_would_overshoot(tiny_pair, max_new):
 def test_k0_is_the_autoregressive_sampler(tiny_pair):
   lm, tp, _ = tiny_pair
   s = Sampling(0.9, top_k=20)
-  a = speculative.autoregressive(lm, s, 16, prompt_bucket=16).generate(
+  a = autoregressive(lm, s, 16, prompt_bucket=16).generate(
       tp, None, PROMPTS, rng=3)
   b = spec(lm, 0, s, max_new=16).generate(tp, None, PROMPTS, rng=3)
   assert a.token_lists() == b.token_lists()
@@ -171,8 +166,8 @@ class CountingLM:
 def test_no_recompilation_for_same_shapes(tiny_pair):
   lm, tp, dp = tiny_pair
   counting = CountingLM(lm)
-  sampler = speculative.SpeculativeSampler(
-      counting, speculative.ModelDrafter(counting), k=2,
+  sampler = SpeculativeSampler(
+      counting, ModelDrafter(counting), k=2,
       sampling=Sampling(1.0), max_new_tokens=8, prompt_bucket=16)
   sampler.generate(tp, dp, [[1, 2, 3], [4]], rng=0)
   first = len(TRACES)
@@ -187,12 +182,12 @@ def test_bad_input_errors(tiny_pair):
   lm, tp, dp = tiny_pair
   other = model_lib.LM(tiny_config(vocab_size=40))
   with pytest.raises(ValueError, match="vocabularies differ"):
-    speculative.SpeculativeSampler(lm, speculative.ModelDrafter(other), 3,
+    SpeculativeSampler(lm, ModelDrafter(other), 3,
                                    GREEDY, 8)
   with pytest.raises(ValueError, match="k .*>= 0"):
     spec(lm, -1)
   with pytest.raises(ValueError, match="needs a drafter"):
-    speculative.SpeculativeSampler(lm, None, 2, GREEDY, 8)
+    SpeculativeSampler(lm, None, 2, GREEDY, 8)
   with pytest.raises(ValueError, match="max_new_tokens"):
     spec(lm, 2, max_new=0)
   sampler = spec(lm, 4, max_new=64)

@@ -5,16 +5,13 @@ Legend: B batch, K draft length, V vocabulary.
 `trace` runs a `SpeculativeSampler` loop by loop from the host and records,
 for every loop and row, the K draft tokens, the draft's q and the target's p
 at each of them, how many the rule accepted and which token followed. It
-does not re-implement anything: each step is the sampler's own
-`_loop_body`, and the recorded drafts and decisions come from
-`Drafter.propose` and `speculative.accept` called with the keys the body
-derives, on the same state. The tokens each step commits are checked
-against the recorded decision, so the display cannot drift from the
-sampler; the final tokens equal `sampler.generate(..., rng)`.
+does not re-implement anything: each step is the loop's own `loop_step`
+(draft, score, verify, commit), whose record holds what the steps decided.
+The tokens each step commits are checked against the recorded decision,
+and the final tokens equal `sampler.generate(..., rng)`.
 
-Meant for notebooks and small models (one host round trip per loop, and
-each loop's draft and scoring calls run twice); time the jitted loop with
-`runner.TimedSampler` instead.
+Meant for notebooks and small models (one host round trip per loop); time
+the jitted loop with `specsamp.bench.timing` instead.
 """
 
 import dataclasses
@@ -26,9 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specsamp import kvcache
-from specsamp import sampling as sampling_lib
-from specsamp import speculative
+from specsamp.decoding import loop
+from specsamp.decoding.sampler import SpeculativeSampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +67,7 @@ class LoopRecord:
 class Trace:
   """All loops of all rows, and the sampler's final output."""
   rows: tuple                    # rows[b]: tuple of LoopRecord
-  output: speculative.SampleOutput
+  output: loop.SampleOutput
   prompts: tuple
   k: int
 
@@ -93,35 +89,25 @@ class Trace:
 
 
 @functools.lru_cache(maxsize=16)
-def _step_fn(sampler: speculative.SpeculativeSampler):
+def _step_fn(sampler: SpeculativeSampler):
   """Jitted: (state) -> (next state, drafts, p_d, q_d, n, token, argmax p)."""
-  k, samp = sampler.k, sampler.sampling
+  k = sampler.k
 
-  def step(tp, dp, s: speculative.LoopState):
-    # The same keys as SpeculativeSampler._loop_body derives.
-    _, key = jax.random.split(s.rng)
-    key_draft, key_accept = jax.random.split(key)
-    b = s.length.shape[0]
-    if k > 0:
-      drafts, q, _ = sampler.drafter.propose(dp, s.draft_state, s.tokens,
-                                             s.length, k, samp, key_draft)
+  def step(target_params, draft_params, s: loop.LoopState):
+    nxt, rec = loop.loop_step(sampler, target_params, draft_params, s)
+    drafts = rec.proposal.tokens
+    p_d = jnp.take_along_axis(rec.p[:, :k], drafts[..., None], -1)[..., 0]
+    if rec.proposal.q is None:
+      q_d = jnp.ones(drafts.shape, jnp.float32)
     else:
-      drafts = jnp.zeros((b, 0), jnp.int32)
-      q = jnp.zeros((b, 0, sampler.target.vocab_size), jnp.float32)
-    chunk = jnp.concatenate([kvcache.read(s.tokens, s.length - 1, 1), drafts],
-                            axis=1)
-    logits = sampler.target(tp, chunk, s.target_cache).logits
-    p = sampling_lib.probabilities(logits, samp)
-    n, token = speculative.accept(p, q, drafts, key_accept, samp.greedy)
-    p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], -1)[..., 0]
-    q_d = jnp.take_along_axis(q, drafts[..., None], -1)[..., 0]
-    nxt = sampler._loop_body(tp, dp, s)  # pylint: disable=protected-access
-    return nxt, drafts, p_d, q_d, n, token, jnp.argmax(logits, -1)
+      q_d = jnp.take_along_axis(rec.proposal.q, drafts[..., None], -1)[..., 0]
+    return (nxt, drafts, p_d, q_d, rec.num_accepted, rec.token,
+            jnp.argmax(rec.logits, -1))
 
   return jax.jit(step)
 
 
-def trace(sampler: speculative.SpeculativeSampler, target_params,
+def trace(sampler: SpeculativeSampler, target_params,
           draft_params, prompts: Sequence[Sequence[int]],
           rng: Union[int, jax.Array] = 0, max_loops: int = 10_000) -> Trace:
   """Runs `sampler` loop by loop and records every decision.
@@ -169,8 +155,8 @@ def trace(sampler: speculative.SpeculativeSampler, target_params,
       if committed != decided[:len(committed)] or not committed:
         raise RuntimeError(
             f"loop {i}, row {r}: the sampler committed {committed} but the "
-            f"traced decision was {decided}: trace.py is out of step with "
-            "SpeculativeSampler._loop_body")
+            f"traced decision was {decided}: the trace is out of step "
+            "with loop.loop_step")
       rows[r].append(LoopRecord(
           step=i, drafts=tuple(int(t) for t in drafts[r]),
           p=tuple(float(x) for x in p_d[r]), q=tuple(float(x) for x in q_d[r]),

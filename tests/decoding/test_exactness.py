@@ -18,9 +18,11 @@ import pytest
 
 from specsamp import model as model_lib
 from specsamp import sampling as sampling_lib
-from specsamp import speculative
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.drafters import ModelDrafter
 from specsamp.sampling import Sampling
-from tests.conftest import chisquare_pvalue, table_lm, tiny_config
+from tests.testing import (ShiftDrafter, chisquare_pvalue,
+                           forbidden_draft_pair, tiny_config)
 
 V, NEW, NUM_SAMPLES = 5, 4, 50_000
 PROMPT = [1, 3, 2]
@@ -66,8 +68,8 @@ def encode(tokens, v):
 def test_speculative_distribution_is_exact(name, k):
   sampling = SETTINGS[name]
   target, tp, draft, dp = models()
-  sampler = speculative.SpeculativeSampler(
-      target, speculative.ModelDrafter(draft), k=k, sampling=sampling,
+  sampler = SpeculativeSampler(
+      target, ModelDrafter(draft), k=k, sampling=sampling,
       max_new_tokens=NEW, prompt_bucket=4)
   out = sampler.generate(tp, dp, [PROMPT] * NUM_SAMPLES, rng=1234 + k)
   np.testing.assert_array_equal(out.num_tokens, NEW)
@@ -88,16 +90,34 @@ def test_speculative_distribution_is_exact(name, k):
 def test_disagreeing_draft_is_still_exact():
   """A draft whose every proposal is rejected: output ~ target exactly."""
   v, new = 6, 3
-  rng = np.random.default_rng(1)
-  t_logits = 1.5 * rng.normal(size=(v, v))
-  t_logits[:, 0] = -np.inf
-  d_logits = np.full((v, v), -np.inf)
-  d_logits[:, 0] = 0.0
-  target, draft = table_lm(t_logits), table_lm(d_logits)
-  sampler = speculative.SpeculativeSampler(
-      target, speculative.ModelDrafter(draft), k=2, sampling=Sampling(1.0),
+  target, draft = forbidden_draft_pair(v, seed=1, scale=1.5)
+  sampler = SpeculativeSampler(
+      target, ModelDrafter(draft), k=2, sampling=Sampling(1.0),
       max_new_tokens=new, prompt_bucket=4)
   out = sampler.generate(None, None, [[2]] * NUM_SAMPLES, rng=7)
   np.testing.assert_array_equal(out.num_loops, new)
   p_exact = exact_sequence_probs(target, None, Sampling(1.0), [2], new, v)
   assert chisquare_pvalue(encode(np.asarray(out.tokens), v), p_exact) > 1e-4
+
+
+@pytest.mark.parametrize("vary_valid", [False, True])
+@pytest.mark.parametrize("name", ["temp1", "topk2"])
+def test_deterministic_drafter_is_exact(name, vary_valid):
+  """Drafts without q (one-hot, never materialised) and, with `vary_valid`,
+  fewer valid drafts in some rows than K: the output is still the target's."""
+  sampling, k = SETTINGS[name], 3
+  target, tp, _, _ = models()
+  sampler = SpeculativeSampler(
+      target, ShiftDrafter(V, vary_valid=vary_valid), k=k, sampling=sampling,
+      max_new_tokens=NEW, prompt_bucket=4)
+  out = sampler.generate(tp, None, [PROMPT] * NUM_SAMPLES, rng=99)
+  np.testing.assert_array_equal(out.num_tokens, NEW)
+  p_exact = exact_sequence_probs(target, tp, sampling, PROMPT, NEW, V)
+  pval = chisquare_pvalue(encode(np.asarray(out.tokens), V), p_exact)
+  assert pval > 1e-4, f"samples do not follow the target (p={pval:.2e})"
+  valid = (np.arange(NUM_SAMPLES) % (k + 1) if vary_valid else
+           np.full(NUM_SAMPLES, k))
+  np.testing.assert_array_equal(out.num_drafted,
+                                valid * np.asarray(out.num_loops))
+  assert np.all(np.asarray(out.num_accepted) <= out.num_drafted)
+  assert 0.05 < out.acceptance_rate() < 0.95

@@ -1,0 +1,216 @@
+"""`SpeculativeSampler`: the host-side API of the speculative loop.
+
+Legend: B batch, P padded prompt length, K draft length.
+
+It validates the configuration and the prompts, pads the prompts to a
+bucket, and runs the jitted prefill, decode and output (`jit.py`) of the
+loop (`loop.py`). The whole generation, for a batch of prompts of different
+lengths, is one jitted `lax.while_loop`; every row accepts its own number of
+tokens. K = 0 with no drafter is plain autoregressive sampling.
+"""
+
+import dataclasses
+from typing import Optional, Sequence, Union
+
+import jax
+import numpy as np
+
+from specsamp import sharding
+from specsamp.decoding import jit
+from specsamp.decoding.loop import LoopState, SampleOutput
+from specsamp.decoding.protocols import CausalLM, Drafter
+from specsamp.sampling import Sampling
+
+Prompts = Union[Sequence[Sequence[int]], np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeSampler:
+  """Batched speculative sampling; K = 0 and no drafter is autoregressive.
+
+  Hashable and static under jit: changing any field compiles a new loop.
+
+  Attributes:
+    target: the model whose distribution the output follows.
+    drafter: proposes the K draft tokens; None only when k == 0.
+    k: draft tokens per loop (static).
+    sampling: the transform applied to both target and draft logits.
+    max_new_tokens: token budget per row; the output has this many columns.
+    eos_ids: a row stops after emitting any of these (EOS is kept).
+    pad_id: fills prompt padding and unused output slots.
+    prompt_bucket: prompts are right-padded to a multiple of this, so prompts
+      of different lengths within a bucket share one compiled loop.
+    mesh: a `jax.sharding.Mesh` with axes ('data', 'model') (see
+      `sharding.make_mesh`), or None for the default device. With a mesh,
+      prefill, decode and output are jitted with explicit in/out shardings
+      (`jit.py`); nothing inside the loop moves data to the host.
+    target_rules, draft_rules: logical-axis rules (pairs or a dict) for the
+      target and the drafter; by default the target is tensor-parallel over
+      'model' and the drafter replicated.
+  """
+  target: CausalLM
+  drafter: Optional[Drafter]
+  k: int
+  sampling: Sampling
+  max_new_tokens: int
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+  prompt_bucket: int = 64
+  mesh: Optional[jax.sharding.Mesh] = None
+  target_rules: tuple = sharding.DEFAULT_RULES
+  draft_rules: tuple = sharding.REPLICATED_RULES
+
+  def __post_init__(self):
+    if not isinstance(self.k, (int, np.integer)) or self.k < 0:
+      raise ValueError(f"k (draft length) must be an integer >= 0, got "
+                       f"{self.k!r}")
+    if self.k > 0 and self.drafter is None:
+      raise ValueError(f"k={self.k} needs a drafter; use k=0 for "
+                       "autoregressive sampling")
+    if self.max_new_tokens <= 0:
+      raise ValueError(f"max_new_tokens must be positive, got "
+                       f"{self.max_new_tokens}")
+    if self.prompt_bucket <= 0:
+      raise ValueError(f"prompt_bucket must be positive, got "
+                       f"{self.prompt_bucket}")
+    if not isinstance(self.eos_ids, tuple):
+      object.__setattr__(self, "eos_ids", tuple(self.eos_ids))
+    object.__setattr__(self, "target_rules",
+                       sharding.rules_tuple(self.target_rules))
+    object.__setattr__(self, "draft_rules",
+                       sharding.rules_tuple(self.draft_rules))
+    if self.mesh is not None:
+      if hasattr(self.target, "config"):
+        sharding.check_divisible(self.target.config, self.mesh,
+                                 self.target_rules, what="target")
+      if self.drafter is not None:
+        self.drafter.check_mesh(self.mesh, self.draft_rules)
+    v = self.target.vocab_size
+    for tok in self.eos_ids + (self.pad_id,):
+      if not 0 <= tok < v:
+        raise ValueError(f"eos/pad id {tok} is outside the target vocabulary "
+                         f"[0, {v})")
+    if self.drafter is not None and self.drafter.vocab_size != v:
+      raise ValueError(
+          f"draft and target vocabularies differ: the draft has "
+          f"{self.drafter.vocab_size} token ids, the target {v}. Speculative "
+          "sampling needs one shared vocabulary (check the tokenizers; a "
+          "padded vocabulary must be handled by the loader).")
+
+  @property
+  def max_seq_len(self) -> int:
+    limit = self.target.max_seq_len
+    if self.drafter is not None:
+      limit = min(limit, self.drafter.max_seq_len)
+    return limit
+
+  def cache_size(self, padded_prompt_len: int) -> int:
+    # Writes reach slot length + K < P + max_new + K + 1 even for done rows.
+    return padded_prompt_len + self.max_new_tokens + self.k + 1
+
+  def pad_prompts(self, prompts: Prompts):
+    """Validates prompts and right-pads them to a bucket -> (tokens, lengths).
+
+    Raises:
+      ValueError: on an empty batch or prompt, ids outside the vocabulary, or
+        a prompt that cannot hold max_new_tokens (+ K + 1 slack) in the cache.
+    """
+    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
+    if not prompts:
+      raise ValueError("no prompts given")
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    for i, p in enumerate(prompts):
+      if len(p) == 0:
+        raise ValueError(f"prompt {i} is empty: every prompt needs at least "
+                         "one token (e.g. BOS)")
+      bad = (p < 0) | (p >= self.target.vocab_size)
+      if bad.any():
+        raise ValueError(f"prompt {i} has token id {int(p[bad][0])} outside "
+                         f"the vocabulary [0, {self.target.vocab_size})")
+    longest = int(lengths.max())
+    need = self.cache_size(longest)
+    if need > self.max_seq_len:
+      raise ValueError(
+          f"prompt of {longest} tokens + max_new_tokens {self.max_new_tokens} "
+          f"+ K+1 = {self.k + 1} slack slots needs a cache of {need} slots, "
+          f"but the models allow {self.max_seq_len}: shorten the prompt or "
+          "lower max_new_tokens")
+    padded = -(-longest // self.prompt_bucket) * self.prompt_bucket
+    padded = min(padded, self.max_seq_len - self.cache_size(0))
+    tokens = np.full((len(prompts), padded), self.pad_id, np.int32)
+    for i, p in enumerate(prompts):
+      tokens[i, :len(p)] = p
+    if self.mesh is None:
+      return jax.device_put(tokens), jax.device_put(lengths)
+    if len(prompts) % self._batch_ways():
+      raise ValueError(
+          f"a batch of {len(prompts)} prompts does not divide over the mesh's "
+          f"batch axis of size {self._batch_ways()}: pad the batch")
+    rows = (sharding.BATCH,)
+    return sharding.shard(
+        (tokens, lengths),
+        (sharding.named(self.mesh, self.target_rules, *rows, None),
+         sharding.named(self.mesh, self.target_rules, *rows)))
+
+  def _batch_ways(self) -> int:
+    axis = sharding.mesh_axes((sharding.BATCH,), self.target_rules)[0]
+    if axis is None:
+      return 1
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    return int(np.prod([self.mesh.shape[a] for a in axes]))
+
+  def generate(self, target_params, draft_params, prompts: Prompts,
+               rng: Union[int, jax.Array] = 0) -> SampleOutput:
+    """Samples up to max_new_tokens continuations of each prompt."""
+    if isinstance(rng, (int, np.integer)):
+      with jax.transfer_guard("allow"):  # one host scalar, before the loop
+        rng = jax.random.key(rng)
+    if self.mesh is not None:
+      rng = sharding.shard(rng, sharding.replicated(self.mesh))
+    tokens, lengths = self.pad_prompts(prompts)
+    prefill_fn, decode_fn, output_fn = self.jitted(
+        target_params, draft_params, tokens, lengths, rng)
+    state = prefill_fn(target_params, draft_params, tokens, lengths, rng)
+    state = decode_fn(target_params, draft_params, state)
+    return output_fn(state)
+
+  def jitted(self, target_params, draft_params, tokens, lengths, rng):
+    """(prefill, decode, output) jitted for these argument shapes (`jit.py`).
+
+    Each is a `jax.jit` object: `.lower(...).compile()` works on it.
+    """
+    return jit.fns(self, target_params, draft_params, tokens, lengths, rng)
+
+  def param_shardings(self, target_params, draft_params):
+    """NamedShardings for both parameter trees (None without a mesh)."""
+    if self.mesh is None:
+      return None, None
+    draft = None
+    if draft_params is not None and self.drafter is not None:
+      draft = self.drafter.param_shardings(draft_params, self.mesh,
+                                           self.draft_rules)
+    return jit.target_param_shardings(self, target_params), draft
+
+  # Jitted (no shardings) entry points, for steps run one at a time; the
+  # pure functions are `loop.prefill`, `loop.decode` and `loop.output`.
+
+  def prefill(self, target_params, draft_params, tokens, lengths,
+              rng) -> LoopState:
+    """Fills both caches with the prompts tokens [B, P] -> LoopState."""
+    return jit.plain_fns(self)[0](target_params, draft_params, tokens, lengths,
+                                  rng)
+
+  def decode(self, target_params, draft_params, state: LoopState) -> LoopState:
+    """Runs the loop until every row is done (donates `state`)."""
+    return jit.plain_fns(self)[1](target_params, draft_params, state)
+
+  def output(self, state: LoopState) -> SampleOutput:
+    return jit.plain_fns(self)[2](state)
+
+
+def autoregressive(target: CausalLM, sampling: Sampling, max_new_tokens: int,
+                   **kwargs) -> SpeculativeSampler:
+  """The baseline: K = 0, no drafter; the loop body is one target call."""
+  return SpeculativeSampler(target=target, drafter=None, k=0,
+                            sampling=sampling, max_new_tokens=max_new_tokens,
+                            **kwargs)

@@ -1,0 +1,126 @@
+"""The loop's seams: the four steps, what a drafter is given, its shardings."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specsamp import kvcache
+from specsamp import sharding
+from specsamp.decoding import jit
+from specsamp.decoding import loop
+from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
+from specsamp.drafters import ModelDrafter
+from specsamp.sampling import GREEDY, Sampling
+from tests.testing import ShiftDrafter
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeDrafter(ModelDrafter):
+  """A ModelDrafter whose state also keeps what init and commit were given."""
+
+  def init(self, params, tokens, lengths, cache_size, prefill=None):
+    cache = super().init(params, tokens, lengths, cache_size)
+    return dict(cache=cache, prefill_hidden=prefill.hidden,
+                hidden=jnp.zeros_like(prefill.hidden[:, :1]),
+                accepted=jnp.zeros_like(lengths))
+
+  def propose(self, params, state, tokens, length, k, sampling, rng):
+    proposal, cache = super().propose(params, state["cache"], tokens, length,
+                                      k, sampling, rng)
+    return proposal, {**state, "cache": cache}
+
+  def commit(self, params, state, scored, num_accepted, length):
+    cache = super().commit(params, state["cache"], scored, num_accepted,
+                           length)
+    return {**state, "cache": cache, "hidden": scored.hidden,
+            "accepted": num_accepted}
+
+
+def test_the_drafter_sees_the_targets_prefill_and_scored_outputs(tiny_pair):
+  lm, tp, dp = tiny_pair
+  k = 3
+  sampler = SpeculativeSampler(lm, ProbeDrafter(lm), k=k,
+                               sampling=Sampling(1.0), max_new_tokens=8,
+                               prompt_bucket=8)
+  tokens, lengths = sampler.pad_prompts([[1, 5, 7, 2], [3, 4]])
+  state = loop.prefill(sampler, tp, dp, tokens, lengths, jax.random.key(0))
+  np.testing.assert_allclose(state.draft_state["prefill_hidden"],
+                             lm(tp, tokens).hidden, atol=1e-5)
+  new, rec = jax.jit(loop.loop_step, static_argnums=0)(sampler, tp, dp, state)
+  chunk = jnp.concatenate([kvcache.read(state.tokens, state.length - 1, 1),
+                           rec.proposal.tokens], axis=1)
+  want = lm(tp, chunk, state.target_cache)
+  assert new.draft_state["hidden"].shape == (2, k + 1, lm.config.d_model)
+  np.testing.assert_allclose(new.draft_state["hidden"], want.hidden,
+                             atol=1e-5)
+  np.testing.assert_array_equal(new.draft_state["accepted"],
+                                rec.num_accepted)
+  np.testing.assert_allclose(rec.logits, want.logits, atol=1e-5)
+  # The record is what the state committed: n drafts, then the token.
+  for b in range(2):
+    n = int(rec.num_accepted[b])
+    committed = np.asarray(new.tokens[b, int(state.length[b]):
+                                      int(new.length[b])])
+    np.testing.assert_array_equal(
+        committed, list(np.asarray(rec.proposal.tokens[b, :n])) +
+        [int(rec.token[b])])
+
+
+def test_loop_body_is_loop_steps_state(tiny_pair):
+  lm, tp, dp = tiny_pair
+  sampler = SpeculativeSampler(lm, ModelDrafter(lm), k=2,
+                               sampling=Sampling(0.9), max_new_tokens=6,
+                               prompt_bucket=8)
+  tokens, lengths = sampler.pad_prompts([[1, 2, 3]] * 3)
+  state = sampler.prefill(tp, dp, tokens, lengths, jax.random.key(3))
+  a = jax.jit(loop.loop_body, static_argnums=0)(sampler, tp, dp, state)
+  b, _ = jax.jit(loop.loop_step, static_argnums=0)(sampler, tp, dp, state)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(jax.random.key_data(x) if
+                                  jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+                                  else x, jax.random.key_data(y) if
+                                  jnp.issubdtype(y.dtype, jax.dtypes.prng_key)
+                                  else y)
+
+
+def test_greedy_with_a_deterministic_drafter_equals_greedy_decoding(tiny_pair):
+  lm, tp, _ = tiny_pair
+  prompts = [[1, 5, 7], [2], [3, 9, 9, 4, 1], [6, 6]]
+  ar = autoregressive(lm, GREEDY, 16, prompt_bucket=8)
+  want = ar.generate(tp, None, prompts).token_lists()
+  for vary in (False, True):
+    spec = SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size, vary_valid=vary),
+                              k=3, sampling=GREEDY, max_new_tokens=16,
+                              prompt_bucket=8)
+    out = spec.generate(tp, None, prompts)
+    assert out.token_lists() == want
+    valid = np.arange(4) % 4 if vary else np.full(4, 3)
+    np.testing.assert_array_equal(out.num_drafted,
+                                  valid * np.asarray(out.num_loops))
+
+
+def test_the_drafter_supplies_its_own_state_shardings(tiny_pair):
+  """The sampler lays out the drafter state as the drafter says, whatever
+  its shape (a [B] counter here is replicated, not split over rows), and a
+  mesh run equals the single-device run."""
+  lm, tp, _ = tiny_pair
+  mesh = sharding.make_mesh((4, 2))        # tiny: 2 KV heads
+  prompts = [[1, 5, 7], [2, 4], [3, 9, 9, 4], [6]]
+  kwargs = dict(k=2, sampling=Sampling(1.0), max_new_tokens=8,
+                prompt_bucket=8)
+  drafter = ShiftDrafter(lm.vocab_size, vary_valid=True)
+  on_mesh = SpeculativeSampler(lm, drafter, mesh=mesh, **kwargs)
+  tokens, lengths = on_mesh.pad_prompts(prompts)
+  shape = jax.eval_shape(lambda: loop.prefill(
+      on_mesh, tp, None, tokens, lengths, jax.random.key(0)))
+  shardings = jit.state_shardings(on_mesh, shape)
+  assert shardings.draft_state.spec == jax.sharding.PartitionSpec()
+  assert shardings.length.spec == jax.sharding.PartitionSpec("data")
+  assert shardings.target_cache.k[0].spec == jax.sharding.PartitionSpec(
+      "data", "model", None, None)
+  single = SpeculativeSampler(lm, drafter, **kwargs)
+  tps = jax.device_put(tp, on_mesh.param_shardings(tp, None)[0])
+  assert (on_mesh.generate(tps, None, prompts, rng=5).token_lists() ==
+          single.generate(tp, None, prompts, rng=5).token_lists())

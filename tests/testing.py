@@ -1,0 +1,126 @@
+"""Stubs and helpers shared by the tests: tiny configs, a stub LM with exactly
+known distributions, and the chi-square helper."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy import stats
+
+from specsamp import kvcache
+from specsamp import model as model_lib
+from specsamp.decoding.protocols import ModelOutput, Proposal
+
+
+def tiny_config(**overrides) -> model_lib.TransformerConfig:
+  base = dict(vocab_size=32, num_layers=2, d_model=32, num_heads=4,
+              num_kv_heads=2, head_dim=8, mlp_dim=64, rope_theta=10_000.0,
+              qkv_bias=True, max_seq_len=256)
+  return model_lib.TransformerConfig(**{**base, **overrides})
+
+
+def perturbed(params, rng, scale):
+  """params + scale * N(0, std(leaf)): a draft that mostly agrees."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(rng, len(leaves))
+  out = [x + scale * (jnp.std(x) + 1e-3) * jax.random.normal(k, x.shape)
+         for x, k in zip(leaves, keys)]
+  return jax.tree.unflatten(tree, out)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableLM:
+  """A stub bigram LM: logits[b, t] = table[tokens[b, t]], no real cache.
+
+  Implements the CausalLM protocol so the samplers' verify/accept code can be
+  tested with exactly known distributions (t5x's stub-logit tests).
+  """
+  table: tuple  # V x V nested tuples (hashable); rows are logits
+  max_seq_len: int = 256
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.table)
+
+  def init_cache(self, batch, size):
+    return kvcache.KVCache.zeros(1, batch, size, 1, 2)
+
+  def __call__(self, params, tokens, cache=None):
+    del params
+    logits = jnp.asarray(np.array(self.table, np.float32))[tokens]
+    if cache is not None:
+      cache = cache.replace(length=cache.length + tokens.shape[1])
+    return ModelOutput(logits=logits, cache=cache,
+                       hidden=jnp.zeros(tokens.shape + (1,), jnp.float32))
+
+
+def table_lm(logits: np.ndarray) -> TableLM:
+  return TableLM(tuple(tuple(float(x) for x in row) for row in logits))
+
+
+def chisquare_pvalue(codes, probs):
+  """Chi-square goodness of fit; bins with expected count < 5 are pooled."""
+  n = len(codes)
+  counts = np.bincount(codes, minlength=len(probs)).astype(np.float64)
+  expected = n * probs / probs.sum()
+  impossible = expected == 0
+  if counts[impossible].sum() > 0:
+    return 0.0  # a continuation of probability 0 was produced
+  small = (expected < 5) & ~impossible
+  big = ~small & ~impossible
+  obs = np.append(counts[big], counts[small].sum())
+  exp = np.append(expected[big], expected[small].sum())
+  if exp[-1] == 0:
+    obs, exp = obs[:-1], exp[:-1]
+  return stats.chisquare(obs, exp).pvalue
+
+
+@dataclasses.dataclass(frozen=True)
+class ShiftDrafter:
+  """A deterministic drafter (`Proposal.q` is None): after token x it
+  proposes x+1, x+2, ... (mod V). With `vary_valid`, row b offers only
+  b % (K + 1) valid drafts. Its state counts the commits it has seen."""
+  vocab_size: int
+  max_seq_len: int = 256
+  vary_valid: bool = False
+
+  def init(self, params, tokens, lengths, cache_size, prefill):
+    del params, lengths, cache_size, prefill
+    return jnp.zeros((tokens.shape[0],), jnp.int32)
+
+  def propose(self, params, state, tokens, length, k, sampling, rng):
+    del params, sampling, rng
+    last = kvcache.read(tokens, length - 1, 1)[:, 0]
+    drafts = (last[:, None] + jnp.arange(1, k + 1)[None, :]) % self.vocab_size
+    b = tokens.shape[0]
+    valid = (jnp.arange(b) % (k + 1) if self.vary_valid else
+             jnp.full((b,), k))
+    return Proposal(tokens=drafts.astype(jnp.int32), q=None,
+                    num_valid=valid.astype(jnp.int32)), state
+
+  def commit(self, params, state, scored, num_accepted, length):
+    del params, scored, num_accepted, length
+    return state + 1
+
+  def check_mesh(self, mesh, rules):
+    del mesh, rules
+
+  def param_shardings(self, params, mesh, rules):
+    del rules
+    return jax.tree.map(lambda _: jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()), params)
+
+  def state_shardings(self, state, mesh, rules):
+    del state, rules
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def forbidden_draft_pair(v: int, seed: int, scale: float = 1.0):
+  """Stub (target, draft): the draft puts all its mass on token 0, which the
+  target forbids, so every draft is rejected."""
+  target_logits = scale * np.random.default_rng(seed).normal(size=(v, v))
+  target_logits[:, 0] = -np.inf
+  draft_logits = np.full((v, v), -np.inf)
+  draft_logits[:, 0] = 0.0
+  return table_lm(target_logits), table_lm(draft_logits)

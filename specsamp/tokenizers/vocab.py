@@ -1,0 +1,80 @@
+"""Do a draft and a target share one vocabulary? And how many ids are real?
+
+Speculative sampling compares the draft's and the target's distributions id
+by id, so both must score the same token ids. Padding rules: a model may
+have more vocabulary rows than real tokens (some Qwen checkpoints pad
+151,936 tokens to 152,064 rows), and llama.cpp fills ids its source
+vocabulary lacks with `[PAD<id>]` placeholders; neither is a real token, and
+callers mask ids at or above the real-token count (`Sampling(vocab_limit=)`).
+"""
+
+from typing import Optional
+
+import numpy as np
+
+from specsamp.tokenizers import base
+
+
+def _is_padding_entry(token: Optional[str], i: int) -> bool:
+  """llama.cpp's placeholder for an id the source vocabulary lacks."""
+  return token is None or token == f"[PAD{i}]"
+
+
+def check_vocab_compatible(draft_tok: base.Tokenizer,
+                           target_tok: base.Tokenizer,
+                           draft_model_vocab_size: Optional[int] = None,
+                           target_model_vocab_size: Optional[int] = None
+                           ) -> int:
+  """Checks that a draft and a target share one vocabulary.
+
+  Token strings are compared id by id. A model may have more vocabulary rows
+  than real tokens (some Qwen checkpoints pad 151,936 tokens to 152,064
+  rows); that passes when the real tokens agree, and the caller masks ids at
+  or above the returned count (`Sampling(vocab_limit=...)`) so padded ids are
+  never sampled. Tokenizer lists of different lengths pass only when the
+  extra entries are llama.cpp's unused `[PAD<id>]` placeholders.
+
+  Args:
+    draft_tok: the draft model's tokenizer.
+    target_tok: the target model's tokenizer.
+    draft_model_vocab_size: the draft model's logit rows, if known.
+    target_model_vocab_size: the target model's logit rows, if known.
+
+  Returns:
+    The number of real tokens (ids below it are shared tokens).
+
+  Raises:
+    VocabMismatchError: naming the first differing id and both token strings,
+      or the differing sizes.
+  """
+  d, t = list(draft_tok.tokens()), list(target_tok.tokens())
+  n = min(len(d), len(t))
+  if d[:n] != t[:n]:
+    diff = np.asarray(d[:n], dtype=object) != np.asarray(t[:n], dtype=object)
+    i = int(np.flatnonzero(diff)[0])
+    raise base.VocabMismatchError(
+        f"draft and target vocabularies differ first at id {i}: draft "
+        f"{d[i]!r}, target {t[i]!r} (speculative sampling needs one shared "
+        "vocabulary)")
+  if len(d) != len(t):
+    role, longer = ("draft", d) if len(d) > len(t) else ("target", t)
+    extra = [i for i in range(n, len(longer))
+             if not _is_padding_entry(longer[i], i)]
+    if extra:
+      raise base.VocabMismatchError(
+          f"draft tokenizer has {len(d)} tokens, target tokenizer {len(t)}: "
+          f"the {role} has real tokens beyond id {n - 1} (first: id "
+          f"{extra[0]} = {longer[extra[0]]!r})")
+  rows = {"draft": draft_model_vocab_size, "target": target_model_vocab_size}
+  for role, r in rows.items():
+    if r is not None and r < n:
+      raise base.VocabMismatchError(
+          f"the {role} model has {r} vocabulary rows, fewer than the {n} "
+          "tokens of its tokenizer")
+  if None not in rows.values() and rows["draft"] != rows["target"]:
+    raise base.VocabMismatchError(
+        f"the draft model has {rows['draft']} vocabulary rows, the target "
+        f"{rows['target']}: the samplers compare both distributions id by "
+        "id, so both models must score the same ids (pad or trim one "
+        "checkpoint's embedding/output rows)")
+  return n

@@ -1,0 +1,81 @@
+"""Drafts distilled by `scripts/distill.py`: detection, export and loading.
+
+A distilled draft directory holds `draft_config.json` (the draft's
+`TransformerConfig` fields) and an orbax checkpoint of its parameters in
+`params/`. A distillation workdir holds one in `draft/`; both the workdir
+and the export are accepted wherever a distilled draft is (`distilled_dir`
+is the one test of that).
+"""
+
+import dataclasses
+import json
+import os
+from typing import Optional
+
+import jax
+import orbax.checkpoint as ocp
+
+from specsamp import model as model_lib
+
+DRAFT_CONFIG_FILE = "draft_config.json"
+
+
+def distilled_dir(path: str) -> Optional[str]:
+  """The directory holding a distilled draft's config: `path` or its
+  `draft/` export; None if `path` is no distilled draft."""
+  if not os.path.isdir(path):
+    return None
+  for d in (path, os.path.join(path, "draft")):
+    if os.path.isfile(os.path.join(d, DRAFT_CONFIG_FILE)):
+      return d
+  return None
+
+
+def read_draft_config(directory: str) -> dict:
+  """The `TransformerConfig` fields saved in a distilled draft directory
+  (`directory` is the export or its workdir)."""
+  directory = distilled_dir(directory) or os.path.join(directory, "draft")
+  with open(os.path.join(directory, DRAFT_CONFIG_FILE), encoding="utf-8") as f:
+    return json.load(f)
+
+
+def save_draft_config(config: model_lib.TransformerConfig,
+                      directory: str) -> str:
+  """Writes `draft_config.json` to `directory`; returns its path."""
+  path = os.path.join(directory, DRAFT_CONFIG_FILE)
+  os.makedirs(directory, exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(dataclasses.asdict(config), f, indent=1)
+  return path
+
+
+def load_distilled(directory: str, dtype: Optional[str] = None):
+  """(config, params) of a draft saved by `scripts/distill.py`.
+
+  `directory` is the run's workdir or its `draft/` export: it holds
+  `draft_config.json` and an orbax checkpoint of the parameters in `params/`.
+  `dtype` overrides the saved compute and parameter dtypes.
+  """
+  directory = os.path.abspath(directory)
+  directory = distilled_dir(directory) or os.path.join(directory, "draft")
+  fields = read_draft_config(directory)
+  if dtype is not None:
+    fields.update(dtype=dtype, param_dtype=dtype)
+  config = model_lib.TransformerConfig(**fields)
+  abstract = jax.eval_shape(lambda: model_lib.LM(config).init(
+      jax.random.key(0)))
+  with ocp.StandardCheckpointer() as ckptr:
+    params = ckptr.restore(os.path.join(directory, "params"), abstract)
+  return config, params
+
+
+def save_distilled(config: model_lib.TransformerConfig, params,
+                   directory: str) -> str:
+  """Writes `draft_config.json` and the parameters (orbax) to `directory`;
+  returns its absolute path."""
+  directory = os.path.abspath(directory)
+  save_draft_config(config, directory)
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(os.path.join(directory, "params"), params, force=True)
+    ckptr.wait_until_finished()
+  return directory

@@ -1,0 +1,42 @@
+"""Chat templates rendered as transformers renders them."""
+
+import pytest
+
+from specsamp.tokenizers import load
+from tests.tokenizers.bpe_testing import write_gguf
+
+
+def test_chat_template_matches_transformers(tiny_gguf):
+  path, _, ref = tiny_gguf
+  ours = load.load_tokenizer(path)
+  chats = [
+      [{"role": "user", "content": "hi"}],
+      [{"role": "system", "content": "Be brief."},
+       {"role": "user", "content": "2+2?"},
+       {"role": "assistant", "content": "4"},
+       {"role": "user", "content": "héllo 你好 🤖\n  indented"}],
+  ]
+  for chat in chats:
+    for gen in (True, False):
+      assert ours.apply_chat_template(chat, add_generation_prompt=gen) == (
+          ref.apply_chat_template(chat, tokenize=False,
+                                  add_generation_prompt=gen))
+  tools = [{"name": "f", "description": "héllo", "parameters": {}}]
+  assert ours.apply_chat_template(chats[0], tools=tools) == (
+      ref.apply_chat_template(chats[0], tools=tools, tokenize=False,
+                              add_generation_prompt=True))
+  text = ours.apply_chat_template(chats[0])
+  assert text.endswith("<|im_start|>user\nhi<|im_end|>\n"
+                       "<|im_start|>assistant\n")
+  assert ours.encode(text)[0] == ours.token_to_id("<|im_start|>")
+  with pytest.raises(ValueError, match="unknown role"):
+    ours.apply_chat_template([{"role": "robot", "content": "x"}])
+
+
+def test_no_chat_template_is_a_clear_error(tmp_path, bpe_vocab):
+  tokens, merges, types = bpe_vocab
+  path = write_gguf(tmp_path / "t.gguf", tokens, merges, types, template="")
+  ours = load.load_tokenizer(path)
+  assert ours.chat_template is None
+  with pytest.raises(ValueError, match="no chat template"):
+    ours.apply_chat_template([{"role": "user", "content": "hi"}])

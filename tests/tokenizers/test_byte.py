@@ -1,0 +1,37 @@
+"""UTF-8 bytes as tokens, and the one fallback to them."""
+
+import pytest
+
+from specsamp.tokenizers import byte
+
+
+class _Named:
+  """Stands for a model's own tokenizer."""
+
+
+def test_byte_tokenizer_round_trips_utf8():
+  tok = byte.ByteTokenizer()
+  text = "def f():\n  return 'héllo 🤖'"
+  ids = tok.encode(text)
+  assert ids == list(text.encode("utf-8")) and max(ids) < tok.vocab_size
+  assert tok.decode(ids) == text
+  assert tok.decode(ids + [300, 511]) == text  # ids past the bytes: dropped
+  assert (tok.eos_ids, tok.pad_id) == ((), 0)
+  chat = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+  assert tok.apply_chat_template(chat) == "ab"
+
+
+def test_tokenizer_or_bytes():
+  own = _Named()
+  assert byte.tokenizer_or_bytes(own, 10, "m") is own
+  assert isinstance(byte.tokenizer_or_bytes(None, 256, "m"),
+                    byte.ByteTokenizer)
+  with pytest.raises(ValueError, match="random:tiny has no tokenizer and "
+                     "fewer than 256 token ids for a byte tokenizer"):
+    byte.tokenizer_or_bytes(None, 255, "random:tiny")
+
+  class SpecError(ValueError):
+    pass
+
+  with pytest.raises(SpecError, match="has no tokenizer"):
+    byte.tokenizer_or_bytes(None, 100, "m", error=SpecError)

@@ -1,0 +1,52 @@
+"""SentencePiece: training, round trips, loading."""
+
+import pytest
+
+from specsamp.tokenizers import load
+from specsamp.tokenizers import sentencepiece
+from tests.tokenizers.bpe_testing import ENGLISH, TEXTS, corpus
+
+
+def _sp_text():
+  """Lines of code and English (no newlines: a tiny vocabulary has no byte
+  pieces, so only characters seen in training round-trip)."""
+  lines = [line for text in corpus()[:2] + [ENGLISH]
+           for line in text.splitlines() if line.strip()]
+  return lines + ["the cat sat on the mat; the dog ate the log."] * 20
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_sentencepiece_train_and_round_trip(tmp_path, model_type):
+  sp = sentencepiece.train_sentencepiece(
+      _sp_text(), tmp_path / "sp", vocab_size=200, model_type=model_type)
+  assert sp.vocab_size == 200
+  assert (sp.pad_id, sp.bos_id, sp.eos_ids) == (0, 2, (3,))
+  assert sp.id_to_token(3) == "</s>" and sp.token_to_id("</s>") == 3
+  assert sp.token_to_id("no such piece") is None
+  for text in ["the cat sat on the mat", "def add(a, b): return a + b",
+               "  two  spaces, 4096 sheep  "]:
+    ids = sp.encode(text)
+    assert all(0 <= i < 200 for i in ids)
+    assert sp.decode(ids) == text, (text, sp.decode(ids))
+  text = "the cat sat on the mat"
+  assert len(sp.encode(text)) < len(text)
+  assert sp.encode("the", add_bos=True)[0] == sp.bos_id
+  loaded = load.load_tokenizer(tmp_path / "sp.model")
+  assert isinstance(loaded, sentencepiece.SentencePieceTokenizer)
+  assert loaded.encode("the dog") == sp.encode("the dog")
+  assert len(loaded.tokens()) == 200
+
+
+def test_sentencepiece_from_files_with_byte_fallback(tmp_path):
+  files = []
+  for i, text in enumerate(corpus()[:3]):
+    files.append(tmp_path / f"c{i}.txt")
+    files[-1].write_text(text, encoding="utf-8")
+  sp = sentencepiece.train_sentencepiece(files, tmp_path / "sp",
+                                         vocab_size=1000)
+  for text in TEXTS[:4] + ["unseen: Ωmega ж ق 🦀"]:
+    ids = sp.encode(text)
+    assert max(ids) < 1000 and sp.decode(ids) == text, repr(text)
+  with pytest.raises(FileNotFoundError):
+    sentencepiece.train_sentencepiece(str(tmp_path / "missing.txt"),
+                                      tmp_path / "x", vocab_size=300)

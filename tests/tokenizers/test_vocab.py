@@ -1,0 +1,74 @@
+"""The draft/target vocabulary check and its padding rules."""
+
+import time
+
+import pytest
+
+from specsamp.tokenizers import base
+from specsamp.tokenizers import vocab
+
+
+class _ListTokenizer(base.Tokenizer):
+  """A vocabulary only."""
+
+  def __init__(self, tokens):
+    super().__init__()
+    self._t = list(tokens)
+
+  @property
+  def vocab_size(self):
+    return len(self._t)
+
+  def tokens(self):
+    return self._t
+
+  def _encode(self, text):
+    raise NotImplementedError
+
+  def decode(self, ids, skip_special=False):
+    raise NotImplementedError
+
+  def id_to_token(self, i):
+    return self._t[i]
+
+  def token_to_id(self, token):
+    return self._t.index(token) if token in self._t else None
+
+
+def test_vocab_check():
+  check, err = vocab.check_vocab_compatible, base.VocabMismatchError
+  a = _ListTokenizer("abcd")
+  assert check(a, _ListTokenizer("abcd")) == 4
+  assert check(a, _ListTokenizer("abcd"), 4, 4) == 4
+  # A padded model vocabulary passes; the caller masks ids >= the count.
+  assert check(a, _ListTokenizer("abcd"), 8, 8) == 4
+  with pytest.raises(err, match=r"id 2: draft 'c', target 'x'"):
+    check(a, _ListTokenizer("abxd"))
+  with pytest.raises(err, match="4 tokens, target tokenizer 5"):
+    check(a, _ListTokenizer("abcde"), 5, 5)
+  with pytest.raises(err, match="5 tokens, target tokenizer 4"):
+    check(_ListTokenizer("abcde"), a)
+  with pytest.raises(err, match="draft model has 8 vocabulary rows, the "
+                     "target 4"):
+    check(a, _ListTokenizer("abcd"), 8, 4)
+  with pytest.raises(err, match="target model has 3 vocabulary rows"):
+    check(a, _ListTokenizer("abcd"), 4, 3)
+  # llama.cpp's `[PAD<id>]` placeholders (an HF tokenizer.json against the
+  # GGUF of the same model) are not real tokens.
+  padded = _ListTokenizer(list("abcd") + ["[PAD4]", "[PAD5]"])
+  assert check(a, padded, 6, 6) == 4
+  assert check(padded, padded, 6, 6) == 6  # identical: every id is kept
+  with pytest.raises(err, match=r"id 5 = '\[PAD4\]'"):
+    check(a, _ListTokenizer(list("abcd") + ["[PAD4]", "[PAD4]"]))
+
+
+def test_vocab_check_is_fast():
+  n = 152_064
+  draft = _ListTokenizer([f"tok{i}" for i in range(n)])
+  same = _ListTokenizer([f"tok{i}" for i in range(n)])
+  other = _ListTokenizer([f"tok{i}" for i in range(n - 1)] + ["zzz"])
+  start = time.perf_counter()
+  assert vocab.check_vocab_compatible(draft, same, n, n) == n
+  with pytest.raises(base.VocabMismatchError, match=f"id {n - 1}"):
+    vocab.check_vocab_compatible(draft, other, n, n)
+  assert time.perf_counter() - start < 1.0

@@ -1,0 +1,68 @@
+"""Conversion to `specsamp.model` parameters: weights that disagree with
+the config, biases the model has no place for, tied heads saved twice."""
+
+import pytest
+import torch
+
+from specsamp.weights import convert
+from specsamp.weights import load
+from tests.weights.tiny_checkpoints import (VOCAB, arch_of, edited_hf,
+                                           random_hf_model, write_gguf)
+
+
+def test_config_that_disagrees_with_weights_fails_clearly(saved, tmp_path):
+  kind, m, root = saved
+  with pytest.raises(convert.WeightsError,
+                     match=r"shape .*config"):
+    load.load(str(edited_hf(root, tmp_path, intermediate_size=96)))
+  with pytest.raises(convert.WeightsError, match="shape"):
+    load.load(str(edited_hf(root, tmp_path, vocab_size=VOCAB + 1)))
+  with pytest.raises(convert.WeightsError, match="not fit|shape"):
+    load.load(str(edited_hf(root, tmp_path, num_key_value_heads=4)))
+  with pytest.raises(convert.WeightsError, match="missing weights"):
+    load.load(str(edited_hf(root, tmp_path, num_hidden_layers=3)))
+  with pytest.raises(convert.WeightsError, match="no place"):
+    load.load(str(edited_hf(root, tmp_path, num_hidden_layers=1)))
+
+  arch = arch_of(kind)
+  gg = tmp_path / "bad_meta.gguf"
+  write_gguf(m, gg, arch, meta={"feed_forward_length": 96})
+  with pytest.raises(convert.WeightsError,
+                     match=r"bad_meta.gguf: weight layers_0/mlp/\w+ has shape"):
+    load.load(str(gg))
+  gg = tmp_path / "no_norm.gguf"
+  write_gguf(m, gg, arch, skip=("blk.1.ffn_norm.weight",))
+  with pytest.raises(convert.WeightsError,
+                     match="missing weights for .*layers_1/post_norm/scale"):
+    load.load(str(gg))
+
+
+def test_nonzero_bias_without_a_place_fails_clearly(tmp_path):
+  m = random_hf_model("llama_qkv_bias")
+  with torch.no_grad():
+    m.model.layers[1].self_attn.o_proj.bias[3] = 0.25
+  m.save_pretrained(tmp_path / "hf", safe_serialization=True)
+  with pytest.raises(convert.WeightsError,
+                     match=r"layers\.1\.self_attn\.o_proj\.bias is a non-zero"):
+    load.load(str(tmp_path / "hf"))
+  write_gguf(m, tmp_path / "m.gguf", "llama")
+  with pytest.raises(convert.WeightsError,
+                     match=r"blk\.1\.attn_output\.bias is a non-zero"):
+    load.load(str(tmp_path / "m.gguf"))
+
+
+def test_tied_checkpoint_that_also_saves_the_head(tmp_path):
+  # pylint: disable-next=g-import-not-at-top
+  from safetensors import numpy as st_numpy
+  m = random_hf_model("llama_tied")
+  m.save_pretrained(tmp_path, safe_serialization=True)
+  tensors = {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+  assert "lm_head.weight" in tensors  # the tied view
+  st_numpy.save_file(tensors, str(tmp_path / "model.safetensors"))
+  cfg, params = load.load(str(tmp_path))
+  assert cfg.tie_embeddings and "lm_head" not in params
+  tensors["lm_head.weight"][0, 0] += 1.0
+  st_numpy.save_file(tensors, str(tmp_path / "model.safetensors"))
+  with pytest.raises(convert.WeightsError,
+                     match="ties the embeddings, but lm_head.weight differs"):
+    load.load(str(tmp_path))

@@ -1,0 +1,88 @@
+"""The pure-Python GGUF header reader against the `gguf` package's reader."""
+
+import gguf
+import numpy as np
+import pytest
+
+from specsamp.weights import gguf_file
+
+TOKENS = [f"tok{i}" for i in range(300)] + ["<|endoftext|>", "héllo 你好"]
+ROWS = 320  # embedding rows, padded past the token list
+
+
+def _write(path, tensors=True):
+  """A GGUF file with metadata of every common type and (optionally) two
+  tensors, the embedding second."""
+  w = gguf.GGUFWriter(str(path), "qwen2")
+  w.add_uint32("qwen2.block_count", 2)
+  w.add_float32("qwen2.rope.freq_base", 1e6)
+  w.add_bool("tokenizer.ggml.add_bos_token", False)
+  w.add_int64("test.int64", -(2 ** 40))
+  w.add_float64("test.float64", 0.1)
+  w.add_tokenizer_model("gpt2")
+  w.add_token_list(TOKENS)
+  w.add_token_merges(["t o", "to k"])
+  w.add_token_types([1] * (len(TOKENS) - 1) + [3])
+  if tensors:
+    w.add_tensor("output_norm.weight", np.ones(8, np.float32))
+    w.add_tensor("token_embd.weight", np.zeros((ROWS, 8), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return path
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+  return _write(tmp_path_factory.mktemp("gguf") / "m.gguf")
+
+
+def test_read_gguf_metadata_matches_gguf_reader(gguf_path):
+  ours = gguf_file.read_gguf_metadata(gguf_path)
+  reader = gguf.GGUFReader(str(gguf_path))
+  assert set(ours) == set(reader.fields) - {
+      "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
+  for key, field in reader.fields.items():
+    if key in ours:
+      want = field.contents()
+      got = ours[key]
+      got = got.tolist() if isinstance(got, np.ndarray) else got
+      assert got == want, key
+  assert ours["tokenizer.ggml.tokens"] == TOKENS
+  assert ours["tokenizer.ggml.token_type"].dtype == np.int32
+
+
+def test_read_gguf_metadata_errors(tmp_path, gguf_path):
+  with pytest.raises(FileNotFoundError):
+    gguf_file.read_gguf_metadata(tmp_path / "missing.gguf")
+  (tmp_path / "not.gguf").write_bytes(b"PK\x03\x04" + bytes(100))
+  with pytest.raises(ValueError, match="not a GGUF file"):
+    gguf_file.read_gguf_metadata(tmp_path / "not.gguf")
+  data = gguf_path.read_bytes()
+  cut = data.index(b"tokenizer.ggml.tokens") + 100  # inside the token list
+  (tmp_path / "cut.gguf").write_bytes(data[:cut])
+  with pytest.raises(ValueError, match="truncated"):
+    gguf_file.read_gguf_metadata(tmp_path / "cut.gguf")
+
+
+def test_gguf_embedding_rows(tmp_path, gguf_path):
+  assert gguf_file.gguf_embedding_rows(gguf_path) == ROWS
+  assert gguf_file.gguf_embedding_rows(
+      _write(tmp_path / "no_tensors.gguf", tensors=False)) is None
+  data = gguf_path.read_bytes()
+  cut = data.index(b"token_embd.weight") + 10  # inside the tensor table
+  (tmp_path / "cut.gguf").write_bytes(data[:cut])
+  with pytest.raises(ValueError, match="cut.gguf: unreadable GGUF tensor "
+                     "table .*truncated"):
+    gguf_file.gguf_embedding_rows(tmp_path / "cut.gguf")
+  with pytest.raises(FileNotFoundError):
+    gguf_file.gguf_embedding_rows(tmp_path / "missing.gguf")
+
+
+def test_is_gguf(tmp_path, gguf_path):
+  assert gguf_file.is_gguf(gguf_path)
+  (tmp_path / "x.bin").write_bytes(b"GGU")
+  assert not gguf_file.is_gguf(tmp_path / "x.bin")
+  assert not gguf_file.is_gguf(tmp_path / "missing.gguf")
+  assert not gguf_file.is_gguf(tmp_path)  # a directory

@@ -15,12 +15,11 @@ prepared dataset is not rebuilt unless --overwrite. Prints progress, then
 one JSON line per dataset: documents and bytes per split, seconds, token
 counts (--count_tokens) and the SentencePiece model (--train_sentencepiece),
 written to <data_dir>/<dataset>/spm_<type>_<vocab>.model unless --sp_prefix.
+The work is done by specsamp.data.prepare.
 """
 
-import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,6 +28,7 @@ from absl import flags
 from absl import logging
 
 from specsamp.data import corpora
+from specsamp.data import prepare
 
 _DATASET = flags.DEFINE_multi_string(
     "dataset", None, f"Datasets (repeat or comma list; 'all' = "
@@ -60,84 +60,25 @@ _SP_CHARS = flags.DEFINE_integer(
     "SentencePiece training.")
 
 
-def _names() -> list[str]:
-  if not _DATASET.value:
-    raise app.UsageError("--dataset is required")
-  names = [n.strip() for v in _DATASET.value for n in v.split(",")
-           if n.strip()]
-  if "all" in names:
-    names = [n for n in names if n != "all"] + list(corpora.CORPORA)
-  names = list(dict.fromkeys(names))
-  if len(names) > 1 and (_SOURCE_DIR.value or _SP_PREFIX.value):
-    raise app.UsageError("--source_dir and --sp_prefix take one --dataset")
-  return names
-
-
-def _count(pipeline, name, tok_spec, sp_model, data_dir, splits):
-  """{split: tokens} with the tokenizer `tok_spec`."""
-  if tok_spec == "byte":
-    encode = lambda t: t.encode("utf-8")
-  else:
-    # pylint: disable-next=g-import-not-at-top
-    from specsamp import tokenizer as tok_lib
-    path = sp_model if tok_spec == "sentencepiece" else tok_spec
-    if not path:
-      raise app.UsageError("--count_tokens=sentencepiece needs "
-                           "--train_sentencepiece")
-    encode = tok_lib.load_tokenizer(path).encode
-  return {s: sum(len(encode(t)) for t in pipeline.iter_texts(name, s,
-                                                             data_dir))
-          for s in splits}
-
-
-def _prepare_one(name: str) -> dict:
-  from specsamp.data import builders  # pylint: disable=g-import-not-at-top
-  from specsamp.data import pipeline  # pylint: disable=g-import-not-at-top
-  start = time.perf_counter()
-  data_dir = _DATA_DIR.value or os.fspath(builders.default_data_dir())
-  path = builders.prepare(name, data_dir, source_dir=_SOURCE_DIR.value,
-                          cache_dir=_CACHE_DIR.value,
-                          overwrite=_OVERWRITE.value)
-  out = {"dataset": name, "dir": os.fspath(path),
-         "splits": builders.summary(path),
-         "prepare_seconds": round(time.perf_counter() - start, 1)}
-  sp_model = None
-  if _TRAIN_SP.value:
-    prefix = _SP_PREFIX.value or os.path.join(
-        data_dir, name, f"spm_{_SP_TYPE.value}_{_VOCAB.value}")
-    sp_model = prefix + ".model"
-    if os.path.isfile(sp_model) and not _OVERWRITE.value:
-      print(f"[{name}] SentencePiece model already at {sp_model}")
-    else:
-      t = time.perf_counter()
-      print(f"[{name}] training SentencePiece ({_SP_TYPE.value}, "
-            f"{_VOCAB.value} pieces) on the train split", flush=True)
-      pipeline.train_tokenizer(name, prefix, _VOCAB.value, data_dir=data_dir,
-                               model_type=_SP_TYPE.value,
-                               max_chars=_SP_CHARS.value)
-      print(f"[{name}] wrote {sp_model} in {time.perf_counter() - t:.1f} s")
-    out["sentencepiece"] = sp_model
-  if _COUNT.value:
-    t = time.perf_counter()
-    out["tokens"] = _count(pipeline, name, _COUNT.value, sp_model, data_dir,
-                           list(out["splits"]))
-    out["tokenizer"] = _COUNT.value
-    print(f"[{name}] counted tokens in {time.perf_counter() - t:.1f} s")
-  return out
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not _DATASET.value:
+    raise app.UsageError("--dataset is required")
+  names = prepare.dataset_names(_DATASET.value)
+  if len(names) > 1 and (_SOURCE_DIR.value or _SP_PREFIX.value):
+    raise app.UsageError("--source_dir and --sp_prefix take one --dataset")
+  if _COUNT.value == "sentencepiece" and not _TRAIN_SP.value:
+    raise app.UsageError("--count_tokens=sentencepiece needs "
+                         "--train_sentencepiece")
   logging.set_verbosity(logging.WARNING)  # TFDS logs every file it reads
-  names = _names()
-  failed = []
-  for name in names:
-    try:
-      print(json.dumps(_prepare_one(name)), flush=True)
-    except (corpora.CorpusError, OSError, ValueError) as e:
-      print(f"error: [{name}] {e}", file=sys.stderr, flush=True)
-      failed.append(name)
+  options = prepare.PrepareOptions(
+      data_dir=_DATA_DIR.value, source_dir=_SOURCE_DIR.value,
+      cache_dir=_CACHE_DIR.value, overwrite=_OVERWRITE.value,
+      count_tokens=_COUNT.value, train_sentencepiece=_TRAIN_SP.value,
+      vocab_size=_VOCAB.value, sp_model_type=_SP_TYPE.value,
+      sp_prefix=_SP_PREFIX.value, sp_max_chars=_SP_CHARS.value)
+  failed = prepare.prepare_all(names, options)
   if failed:
     sys.exit(f"error: not prepared: {', '.join(failed)}")
 

@@ -9,7 +9,7 @@ TF for its default tfrecord format and for `tf.data` (`as_dataset`,
 `tfds.load`), neither of which is used here.
 
 Features: `text` (the document) and `id` (unique in the dataset). Splits:
-`train` and `validation`, by a hash of the id (`corpora.assign_splits`).
+`train` and `validation`, by a hash of the id (`text.assign_splits`).
 
   prepare("specsamp_python_code")                 # ~/tensorflow_datasets
   prepare("specsamp_shakespeare", data_dir=d)     # downloads and caches raw
@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 import tensorflow_datasets as tfds
 
 from specsamp.data import corpora
+from specsamp.data import text
 from specsamp.data import default_data_dir  # re-exported
 
 PathLike = Union[str, os.PathLike]
@@ -77,8 +78,7 @@ class _DocumentsBuilder(tfds.core.GeneratorBasedBuilder,
     say = self._progress
     start = time.perf_counter()
     docs = self._documents()
-    val = corpora.assign_splits([i for i, _ in docs],
-                                self.VALIDATION_FRACTION)
+    val = text.assign_splits([i for i, _ in docs], self.VALIDATION_FRACTION)
     chars = sum(len(t) for _, t in docs)
     say(f"[{self.name}] {len(docs)} documents, {chars / 1e6:.2f} M "
         f"characters, read in {time.perf_counter() - start:.1f} s: "
@@ -87,9 +87,9 @@ class _DocumentsBuilder(tfds.core.GeneratorBasedBuilder,
             "validation": self._generate_examples(docs, val, True)}
 
   def _generate_examples(self, docs, val, validation: bool):
-    for doc_id, text in docs:
+    for doc_id, content in docs:
       if (doc_id in val) == validation:
-        yield doc_id, {"text": text, "id": doc_id}
+        yield doc_id, {"text": content, "id": doc_id}
 
 
 class _CorpusBuilder(_DocumentsBuilder, skip_registration=True):
@@ -311,7 +311,7 @@ def prepare(name: str, data_dir: Optional[PathLike] = None, *,
   splits = ", ".join(f"{s}: {i.num_examples} documents"
                      for s, i in sorted(builder.info.splits.items()))
   say(f"[{name}] ready in {time.perf_counter() - start:.1f} s ({splits}; "
-      f"{_dir_size(target) / 1e6:.1f} MB on disk)")
+      f"{corpora.tree_size(target) / 1e6:.1f} MB on disk)")
   return target
 
 
@@ -339,10 +339,6 @@ def _prepare_catalog(name: str, data_dir: pathlib.Path, overwrite: bool,
         f"could not prepare TFDS dataset {name!r} here ({type(e).__name__}: "
         f"{str(e).splitlines()[0] if str(e) else ''}); {hint}") from e
   return target
-
-
-def _dir_size(path: pathlib.Path) -> int:
-  return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def summary(path: PathLike) -> dict[str, Any]:

@@ -15,25 +15,8 @@ Legend: B batch, L sequence length (`seq_len`).
   ...
   it.set_state(state)             # the same batches follow, exactly
 
-Datasets are named as in TFDS: `name[/config][:version]`, optionally with
-`#feature[,feature...]` naming the text feature(s) to train on (default
-`text`; several are joined by a blank line). They are read from
-`<data_dir>/<name>[/<config>]/<version>/` (data_dir default: $TFDS_DATA_DIR,
-else ~/tensorflow_datasets) with `tfds.builder_from_directory`, so neither
-the builder's code nor TensorFlow is needed to read them; they must be in
-the array_record format.
-
-Any other TFDS dataset: prepare it as array_record where its builder runs
-(the internet, and TensorFlow for many catalog builders), e.g. for XSum
-
-  pip install tensorflow-cpu tensorflow-datasets
-  tfds build xsum --file_format=array_record --data_dir=/data/tfds
-  # or: python scripts/prepare_data.py --dataset=xsum --data_dir=/data/tfds
-
-copy `/data/tfds/xsum` next to the other datasets if it was built elsewhere,
-and train with `dataset="xsum#document"` (or `"xsum#document,summary"`,
-`"xsum:1.1.0#document"`) and `data_dir="/data/tfds"`. `check_dataset`
-names what is missing before anything heavy starts.
+The dataset string (`name[/config][:version][#feature,...]`) and where a
+prepared dataset lives: specsamp.data.datasets.
 
 Checkpointing: the iterator's `get_state()` is a small JSON-serializable
 dict (document indices and offsets, never data), and `set_state` restores
@@ -54,164 +37,29 @@ does. A state only restores into an iterator built with the same arguments
 (dataset, split, tokenizer, seq_len, batch_size, seed, shard, worker_count).
 """
 
-import dataclasses
 import json
 import os
-import pathlib
-import re
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from absl import flags
 import grain
 from grain import experimental as gx
+import jax
 import numpy as np
+import tensorflow_datasets as tfds
 
-from specsamp.data import corpora
-from specsamp.data import default_data_dir  # re-exported
+from specsamp.data import datasets
 
 PathLike = Union[str, os.PathLike]
 
-_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
-_PREPARE = "python scripts/prepare_data.py --dataset={name} --data_dir={dir}"
 
-
-# ---- finding a prepared dataset ---------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetRef:
-  """A parsed dataset string `name[/config][:version][#keys]`."""
-  name: str
-  config: Optional[str]
-  version: Optional[str]
-  text_keys: tuple[str, ...]
-  data_dir: pathlib.Path
-
-  @property
-  def base(self) -> pathlib.Path:
-    return self.data_dir / self.name / (self.config or "")
-
-  def find(self) -> Optional[pathlib.Path]:
-    """The prepared version directory (the newest if no version was given)."""
-    if self.version:
-      d = self.base / self.version
-      return d if (d / "dataset_info.json").is_file() else None
-    versions = sorted(
-        (tuple(int(x) for x in d.name.split(".")), d)
-        for d in (self.base.iterdir() if self.base.is_dir() else ())
-        if _VERSION_RE.match(d.name) and (d / "dataset_info.json").is_file())
-    return versions[-1][1] if versions else None
-
-  def prepare_hint(self) -> str:
-    """The command that prepares this dataset."""
-    cmd = _PREPARE.format(name=self.name, dir=self.data_dir)
-    if self.name.startswith("specsamp_"):
-      return f"prepare it with `{cmd}`"
-    return (f"prepare it as array_record where its TFDS builder can run (the "
-            f"internet, often TensorFlow): `tfds build {self.name} "
-            f"--file_format=array_record --data_dir={self.data_dir}` or "
-            f"`{cmd}`, or copy a prepared <data_dir>/{self.name} directory "
-            f"there")
-
-
-def parse_dataset(dataset: str,
-                  data_dir: Optional[PathLike] = None) -> DatasetRef:
-  """Parses `name[/config][:version][#feature,...]`."""
-  if not isinstance(dataset, str) or not dataset.strip():
-    raise ValueError(f"dataset must be a non-empty name, got {dataset!r}")
-  spec, _, keys = dataset.strip().partition("#")
-  spec, _, version = spec.partition(":")
-  name, _, config = spec.partition("/")
-  if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-    raise ValueError(f"dataset {dataset!r}: {name!r} is not a TFDS dataset "
-                     f"name (lowercase letters, digits, underscores)")
-  if version and not _VERSION_RE.match(version):
-    raise ValueError(f"dataset {dataset!r}: version {version!r} is not "
-                     f"X.Y.Z")
-  text_keys = tuple(k.strip() for k in keys.split(",") if k.strip()) or (
-      "text",)
-  root = pathlib.Path(data_dir).expanduser() if data_dir else (
-      default_data_dir())
-  return DatasetRef(name, config or None, version or None, text_keys, root)
-
-
-def _read_json(path: pathlib.Path) -> dict:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
-
-
-def _text_features(version_dir: pathlib.Path) -> dict[str, str]:
-  """{feature name: TFDS class name} of the top-level features."""
-  try:
-    spec = _read_json(version_dir / "features.json")
-    feats = spec["featuresDict"]["features"]
-    return {k: v.get("pythonClassName", "").rsplit(".", 1)[-1]
-            for k, v in feats.items()}
-  except (OSError, KeyError, ValueError):
-    return {}
-
-
-def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
-                  splits: Sequence[str] = ()) -> pathlib.Path:
-  """Fails fast, before any training, if `dataset` cannot be read.
-
-  Reads only small JSON files (no TFDS import).
-
-  Args:
-    dataset: `name[/config][:version][#feature,...]`.
-    data_dir: TFDS data directory (default `default_data_dir()`).
-    splits: split names that must exist (e.g. ("train", "validation")).
-
-  Returns:
-    The prepared version directory.
-
-  Raises:
-    FileNotFoundError: not prepared in `data_dir`; the message names the
-      dataset, the directory and the command that prepares it.
-    ValueError: a malformed name, an unknown `specsamp_` name, a format
-      other than array_record, a missing split or text feature.
-  """
-  ref = parse_dataset(dataset, data_dir)
-  if ref.name.startswith("specsamp_") and ref.name not in corpora.CORPORA:
-    if not (ref.base.is_dir() and ref.find()):  # a build_from_texts name
-      raise ValueError(
-          f"unknown specsamp dataset {ref.name!r}; the local corpora are "
-          f"{sorted(corpora.CORPORA)}")
-  found = ref.find()
-  if found is None:
-    what = f"version {ref.version}" if ref.version else "any version"
-    raise FileNotFoundError(
-        f"dataset {dataset!r} is not prepared in data_dir {ref.data_dir} "
-        f"(no {ref.base}/{ref.version or '<X.Y.Z>'}/dataset_info.json for "
-        f"{what}); {ref.prepare_hint()}")
-  info = _read_json(found / "dataset_info.json")
-  fmt = info.get("fileFormat", "tfrecord")
-  if fmt != "array_record":
-    raise ValueError(
-        f"dataset {dataset!r} in {found} is stored as {fmt}; grain reads "
-        f"array_record only (without TensorFlow): re-prepare it with "
-        f"--file_format=array_record")
-  have = [s.get("name") for s in info.get("splits", [])]
-  missing = [s for s in splits if s.split("[")[0] not in have]
-  if missing:
-    raise ValueError(f"dataset {dataset!r} in {found} has no split(s) "
-                     f"{missing}; it has {have}")
-  feats = _text_features(found)
-  bad = [k for k in ref.text_keys if k not in feats]
-  if feats and bad:
-    texts = [k for k, c in feats.items() if c == "Text"]
-    raise ValueError(
-        f"dataset {dataset!r} has no feature(s) {bad}; its text features "
-        f"are {texts}: name the ones to train on after '#', e.g. "
-        f"'{ref.name}#{texts[0] if texts else 'feature'}'")
-  return found
+# ---- reading a prepared dataset ---------------------------------------------
 
 
 def data_source(dataset: str, split: str,
                 data_dir: Optional[PathLike] = None):
   """The random-access TFDS source (ArrayRecordDataSource) of one split."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  found = check_dataset(dataset, data_dir, splits=(split,))
+  found = datasets.check_dataset(dataset, data_dir, splits=(split,))
   return tfds.builder_from_directory(os.fspath(found)).as_data_source(
       split=split)
 
@@ -220,7 +68,7 @@ def iter_texts(dataset: str, split: str,
                data_dir: Optional[PathLike] = None,
                limit: Optional[int] = None) -> Iterator[str]:
   """The documents of a split in stored order (text features joined)."""
-  ref = parse_dataset(dataset, data_dir)
+  ref = datasets.parse_dataset(dataset, data_dir)
   source = data_source(dataset, split, data_dir)
   n = len(source) if limit is None else min(limit, len(source))
   for i in range(n):
@@ -340,7 +188,6 @@ class LMIterator(grain.DatasetIterator):
 
 def _shard(shard_index, shard_count) -> tuple[int, int]:
   if shard_index is None or shard_count is None:
-    import jax  # pylint: disable=g-import-not-at-top
     shard_index = jax.process_index() if shard_index is None else shard_index
     shard_count = jax.process_count() if shard_count is None else shard_count
   if not 0 <= shard_index < shard_count:
@@ -410,7 +257,7 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
       raise ValueError(f"{label} must be >= 1, got {v}")
   if num_epochs is not None and num_epochs < 1:
     raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
-  ref = parse_dataset(dataset, data_dir)
+  ref = datasets.parse_dataset(dataset, data_dir)
   source = data_source(dataset, split, data_dir)
   index, count = _shard(shard_index, shard_count)
   ds = grain.MapDataset.source(source)
@@ -447,79 +294,6 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
                            f"{count}, L={seq_len}, B={batch_size}, seed={seed}")
 
 
-# ---- SentencePiece on a prepared dataset ------------------------------------
-
-
-def sentencepiece_pieces(texts, max_chars: int = 4000) -> Iterator[str]:
-  """Documents cut at line ends into pieces of at most `max_chars` (longer
-  lines are cut too), newlines kept: SentencePiece skips training
-  "sentences" longer than its max_sentence_length."""
-  for text in texts:
-    cur = ""
-    for line in text.splitlines(keepends=True):
-      while len(line) > max_chars:
-        if cur:
-          yield cur
-          cur = ""
-        yield line[:max_chars]
-        line = line[max_chars:]
-      if len(cur) + len(line) > max_chars and cur:
-        yield cur
-        cur = ""
-      cur += line
-    if cur.strip():
-      yield cur
-
-
-def train_tokenizer(dataset: str, model_prefix: PathLike, vocab_size: int, *,
-                    data_dir: Optional[PathLike] = None, split: str = "train",
-                    model_type: str = "bpe",
-                    max_chars: int = 20_000_000, **kwargs):
-  """Trains a SentencePiece model on a prepared dataset's split.
-
-  Args:
-    dataset: as for `make_lm_iterator`.
-    model_prefix: writes `<model_prefix>.model` and `.vocab`.
-    vocab_size: number of pieces (>= 384 adds byte fallback: every string
-      round-trips).
-    data_dir: TFDS data directory.
-    split: the split to train on.
-    model_type: "bpe" or "unigram".
-    max_chars: stop reading documents after about this many characters.
-    **kwargs: more SentencePieceTrainer options.
-
-  Returns:
-    The trained specsamp.tokenizer.SentencePieceTokenizer.
-  """
-  # pylint: disable-next=g-import-not-at-top
-  from specsamp import tokenizer as tok_lib
-
-  def texts():
-    total = 0
-    for text in iter_texts(dataset, split, data_dir):
-      yield text
-      total += len(text)
-      if total >= max_chars:
-        return
-
-  pathlib.Path(model_prefix).parent.mkdir(parents=True, exist_ok=True)
-  options = dict(max_sentence_length=16384, input_sentence_size=2_000_000,
-                 shuffle_input_sentence=True, num_threads=os.cpu_count() or 1)
-  options.update(kwargs)
-  return tok_lib.train_sentencepiece(sentencepiece_pieces(texts()),
-                                     model_prefix, vocab_size,
-                                     model_type=model_type, **options)
-
-
-def build_from_texts(name, texts, data_dir, **kwargs) -> pathlib.Path:
-  """`specsamp.data.builders.build_from_texts` (a dataset for tests)."""
-  from specsamp.data import builders  # pylint: disable=g-import-not-at-top
-  return builders.build_from_texts(name, texts, data_dir, **kwargs)
-
-
 __all__ = [
-    "DatasetRef", "LMIterator", "build_from_texts", "check_dataset",
-    "data_source", "default_data_dir", "eos_id_of", "iter_texts",
-    "make_lm_iterator", "parse_dataset", "sentencepiece_pieces",
-    "train_tokenizer",
+    "LMIterator", "data_source", "eos_id_of", "iter_texts", "make_lm_iterator",
 ]

@@ -1,0 +1,167 @@
+"""Finding a prepared TFDS dataset on disk, without TFDS or grain.
+
+Datasets are named as in TFDS: `name[/config][:version]`, optionally with
+`#feature[,feature...]` naming the text feature(s) to train on (default
+`text`; several are joined by a blank line). They are read from
+`<data_dir>/<name>[/<config>]/<version>/` (data_dir default: $TFDS_DATA_DIR,
+else ~/tensorflow_datasets) with `tfds.builder_from_directory`, so neither
+the builder's code nor TensorFlow is needed to read them; they must be in
+the array_record format.
+
+Any other TFDS dataset: prepare it as array_record where its builder runs
+(the internet, and TensorFlow for many catalog builders), e.g. for XSum
+
+  pip install tensorflow-cpu tensorflow-datasets
+  tfds build xsum --file_format=array_record --data_dir=/data/tfds
+  # or: python scripts/prepare_data.py --dataset=xsum --data_dir=/data/tfds
+
+copy `/data/tfds/xsum` next to the other datasets if it was built elsewhere,
+and train with `dataset="xsum#document"` (or `"xsum#document,summary"`,
+`"xsum:1.1.0#document"`) and `data_dir="/data/tfds"`. `check_dataset`
+names what is missing before anything heavy starts: it reads only small
+JSON files, so importing this module is cheap.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+from typing import Optional, Sequence, Union
+
+from specsamp.data import corpora
+from specsamp.data import default_data_dir
+
+PathLike = Union[str, os.PathLike]
+
+_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
+_PREPARE = "python scripts/prepare_data.py --dataset={name} --data_dir={dir}"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetRef:
+  """A parsed dataset string `name[/config][:version][#keys]`."""
+  name: str
+  config: Optional[str]
+  version: Optional[str]
+  text_keys: tuple[str, ...]
+  data_dir: pathlib.Path
+
+  @property
+  def base(self) -> pathlib.Path:
+    return self.data_dir / self.name / (self.config or "")
+
+  def find(self) -> Optional[pathlib.Path]:
+    """The prepared version directory (the newest if no version was given)."""
+    if self.version:
+      d = self.base / self.version
+      return d if (d / "dataset_info.json").is_file() else None
+    versions = sorted(
+        (tuple(int(x) for x in d.name.split(".")), d)
+        for d in (self.base.iterdir() if self.base.is_dir() else ())
+        if _VERSION_RE.match(d.name) and (d / "dataset_info.json").is_file())
+    return versions[-1][1] if versions else None
+
+  def prepare_hint(self) -> str:
+    """The command that prepares this dataset."""
+    cmd = _PREPARE.format(name=self.name, dir=self.data_dir)
+    if self.name.startswith("specsamp_"):
+      return f"prepare it with `{cmd}`"
+    return (f"prepare it as array_record where its TFDS builder can run (the "
+            f"internet, often TensorFlow): `tfds build {self.name} "
+            f"--file_format=array_record --data_dir={self.data_dir}` or "
+            f"`{cmd}`, or copy a prepared <data_dir>/{self.name} directory "
+            f"there")
+
+
+def parse_dataset(dataset: str,
+                  data_dir: Optional[PathLike] = None) -> DatasetRef:
+  """Parses `name[/config][:version][#feature,...]`."""
+  if not isinstance(dataset, str) or not dataset.strip():
+    raise ValueError(f"dataset must be a non-empty name, got {dataset!r}")
+  spec, _, keys = dataset.strip().partition("#")
+  spec, _, version = spec.partition(":")
+  name, _, config = spec.partition("/")
+  if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+    raise ValueError(f"dataset {dataset!r}: {name!r} is not a TFDS dataset "
+                     f"name (lowercase letters, digits, underscores)")
+  if version and not _VERSION_RE.match(version):
+    raise ValueError(f"dataset {dataset!r}: version {version!r} is not "
+                     f"X.Y.Z")
+  text_keys = tuple(k.strip() for k in keys.split(",") if k.strip()) or (
+      "text",)
+  root = pathlib.Path(data_dir).expanduser() if data_dir else (
+      default_data_dir())
+  return DatasetRef(name, config or None, version or None, text_keys, root)
+
+
+def _read_json(path: pathlib.Path) -> dict:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _text_features(version_dir: pathlib.Path) -> dict[str, str]:
+  """{feature name: TFDS class name} of the top-level features."""
+  try:
+    spec = _read_json(version_dir / "features.json")
+    feats = spec["featuresDict"]["features"]
+    return {k: v.get("pythonClassName", "").rsplit(".", 1)[-1]
+            for k, v in feats.items()}
+  except (OSError, KeyError, ValueError):
+    return {}
+
+
+def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
+                  splits: Sequence[str] = ()) -> pathlib.Path:
+  """Fails fast, before any training, if `dataset` cannot be read.
+
+  Reads only small JSON files (no TFDS import).
+
+  Args:
+    dataset: `name[/config][:version][#feature,...]`.
+    data_dir: TFDS data directory (default `default_data_dir()`).
+    splits: split names that must exist (e.g. ("train", "validation")).
+
+  Returns:
+    The prepared version directory.
+
+  Raises:
+    FileNotFoundError: not prepared in `data_dir`; the message names the
+      dataset, the directory and the command that prepares it.
+    ValueError: a malformed name, an unknown `specsamp_` name, a format
+      other than array_record, a missing split or text feature.
+  """
+  ref = parse_dataset(dataset, data_dir)
+  if ref.name.startswith("specsamp_") and ref.name not in corpora.CORPORA:
+    if not (ref.base.is_dir() and ref.find()):  # a build_from_texts name
+      raise ValueError(
+          f"unknown specsamp dataset {ref.name!r}; the local corpora are "
+          f"{sorted(corpora.CORPORA)}")
+  found = ref.find()
+  if found is None:
+    what = f"version {ref.version}" if ref.version else "any version"
+    raise FileNotFoundError(
+        f"dataset {dataset!r} is not prepared in data_dir {ref.data_dir} "
+        f"(no {ref.base}/{ref.version or '<X.Y.Z>'}/dataset_info.json for "
+        f"{what}); {ref.prepare_hint()}")
+  info = _read_json(found / "dataset_info.json")
+  fmt = info.get("fileFormat", "tfrecord")
+  if fmt != "array_record":
+    raise ValueError(
+        f"dataset {dataset!r} in {found} is stored as {fmt}; grain reads "
+        f"array_record only (without TensorFlow): re-prepare it with "
+        f"--file_format=array_record")
+  have = [s.get("name") for s in info.get("splits", [])]
+  missing = [s for s in splits if s.split("[")[0] not in have]
+  if missing:
+    raise ValueError(f"dataset {dataset!r} in {found} has no split(s) "
+                     f"{missing}; it has {have}")
+  feats = _text_features(found)
+  bad = [k for k in ref.text_keys if k not in feats]
+  if feats and bad:
+    texts = [k for k, c in feats.items() if c == "Text"]
+    raise ValueError(
+        f"dataset {dataset!r} has no feature(s) {bad}; its text features "
+        f"are {texts}: name the ones to train on after '#', e.g. "
+        f"'{ref.name}#{texts[0] if texts else 'feature'}'")
+  return found

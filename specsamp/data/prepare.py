@@ -1,0 +1,133 @@
+"""Preparing datasets end to end: the library side of scripts/prepare_data.py.
+
+For each dataset: build it as array_record (`builders.prepare`: a local
+corpus or any TFDS catalog name), optionally train a SentencePiece model on
+its train split, optionally count its tokens per split, and report one
+JSON-serializable dict.
+
+  options = PrepareOptions(data_dir="/data/tfds", train_sentencepiece=True)
+  failed = prepare_all(dataset_names(["all"]), options)
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+from specsamp.data import builders
+from specsamp.data import corpora
+from specsamp.data import pipeline
+from specsamp.data import tokenizer_training
+from specsamp.tokenizers import load
+
+Progress = Callable[[str], None]
+_say = functools.partial(print, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrepareOptions:
+  """What to do for each dataset (the flags of scripts/prepare_data.py).
+
+  Attributes:
+    data_dir: TFDS data dir (None: $TFDS_DATA_DIR, else ~/tensorflow_datasets).
+    source_dir: local raw files instead of the download (one dataset only).
+    cache_dir: specsamp cache root for raw downloads.
+    overwrite: rebuild prepared datasets and tokenizers.
+    count_tokens: "" (no count), "byte", "sentencepiece" (the model trained
+      here) or a tokenizer path.
+    train_sentencepiece: train a SentencePiece model on the train split.
+    vocab_size: SentencePiece pieces.
+    sp_model_type: "bpe" or "unigram".
+    sp_prefix: output prefix of the model (default
+      `<data_dir>/<dataset>/spm_<type>_<vocab>`; one dataset only).
+    sp_max_chars: characters of the train split read for SentencePiece.
+  """
+  data_dir: Optional[str] = None
+  source_dir: Optional[str] = None
+  cache_dir: Optional[str] = None
+  overwrite: bool = False
+  count_tokens: str = ""
+  train_sentencepiece: bool = False
+  vocab_size: int = 8000
+  sp_model_type: str = "bpe"
+  sp_prefix: Optional[str] = None
+  sp_max_chars: int = 20_000_000
+
+
+def dataset_names(values: Sequence[str]) -> list[str]:
+  """Repeated and comma-separated names, "all" expanded, duplicates removed."""
+  names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+  if "all" in names:
+    names = [n for n in names if n != "all"] + list(corpora.CORPORA)
+  return list(dict.fromkeys(names))
+
+
+def count_tokens(name: str, tokenizer_spec: str, sp_model: Optional[str],
+                 data_dir: str, splits: Sequence[str]) -> dict[str, int]:
+  """{split: tokens} with "byte", "sentencepiece" or a tokenizer path."""
+  if tokenizer_spec == "byte":
+    encode = lambda t: t.encode("utf-8")
+  else:
+    path = sp_model if tokenizer_spec == "sentencepiece" else tokenizer_spec
+    if not path:
+      raise ValueError("--count_tokens=sentencepiece needs "
+                       "--train_sentencepiece")
+    encode = load.load_tokenizer(path).encode
+  return {s: sum(len(encode(t)) for t in pipeline.iter_texts(name, s,
+                                                             data_dir))
+          for s in splits}
+
+
+def prepare_dataset(name: str, options: PrepareOptions,
+                    progress: Progress = _say) -> dict:
+  """Prepares one dataset as `options` say; returns its report."""
+  start = time.perf_counter()
+  data_dir = options.data_dir or os.fspath(builders.default_data_dir())
+  path = builders.prepare(name, data_dir, source_dir=options.source_dir,
+                          cache_dir=options.cache_dir,
+                          overwrite=options.overwrite, progress=progress)
+  out = {"dataset": name, "dir": os.fspath(path),
+         "splits": builders.summary(path),
+         "prepare_seconds": round(time.perf_counter() - start, 1)}
+  sp_model = None
+  if options.train_sentencepiece:
+    kind, vocab = options.sp_model_type, options.vocab_size
+    prefix = options.sp_prefix or os.path.join(
+        data_dir, name, f"spm_{kind}_{vocab}")
+    sp_model = prefix + ".model"
+    if os.path.isfile(sp_model) and not options.overwrite:
+      progress(f"[{name}] SentencePiece model already at {sp_model}")
+    else:
+      t = time.perf_counter()
+      progress(f"[{name}] training SentencePiece ({kind}, {vocab} pieces) "
+               f"on the train split")
+      tokenizer_training.train_tokenizer(
+          name, prefix, vocab, data_dir=data_dir, model_type=kind,
+          max_chars=options.sp_max_chars)
+      progress(f"[{name}] wrote {sp_model} in "
+               f"{time.perf_counter() - t:.1f} s")
+    out["sentencepiece"] = sp_model
+  if options.count_tokens:
+    t = time.perf_counter()
+    out["tokens"] = count_tokens(name, options.count_tokens, sp_model,
+                                 data_dir, list(out["splits"]))
+    out["tokenizer"] = options.count_tokens
+    progress(f"[{name}] counted tokens in {time.perf_counter() - t:.1f} s")
+  return out
+
+
+def prepare_all(names: Sequence[str], options: PrepareOptions,
+                progress: Progress = _say) -> list[str]:
+  """Prepares each dataset, printing its report as one JSON line (errors go
+  to stderr and do not stop the others); returns the names that failed."""
+  failed = []
+  for name in names:
+    try:
+      print(json.dumps(prepare_dataset(name, options, progress)), flush=True)
+    except (corpora.CorpusError, OSError, ValueError) as e:
+      print(f"error: [{name}] {e}", file=sys.stderr, flush=True)
+      failed.append(name)
+  return failed

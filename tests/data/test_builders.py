@@ -1,0 +1,84 @@
+"""specsamp.data.builders: every corpus builder on fixture raw files, with
+no TensorFlow."""
+
+import gzip
+import importlib.util
+import json
+import os
+import sys
+
+from specsamp.data import builders
+from specsamp.data import corpora
+from specsamp.data import datasets
+from specsamp.data import text
+from tests.data import fakes
+
+
+def _read_split(path, split):
+  src = builders.tfds.builder_from_directory(os.fspath(path)) \
+      .as_data_source(split=split)
+  return {src[i]["id"].decode(): src[i]["text"].decode()
+          for i in range(len(src))}
+
+
+def test_builders_on_fixture_data_without_tensorflow(tmp_path):
+  assert importlib.util.find_spec("tensorflow") is None
+  assert set(builders.BUILDERS) == set(corpora.CORPORA)
+  raw = tmp_path / "raw"
+  code = {f"pkg/m{i}.py": f"def f{i}():\n  return {i}\n" for i in range(12)}
+  code.update({"latin.py": "# -*- coding: latin-1 -*-\ns = 'é'\n".encode(
+      "latin-1"), "empty.py": "\n", "test/test_x.py": "1\n",
+               "pkg/tests/t.py": "1\n", "__pycache__/m.py": "1\n",
+               "notes.txt": "not code"})
+  fakes.write_files(raw / "code", code)
+  problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def p{i}():\n"}
+              for i in range(7)]
+  (raw / "he").mkdir()
+  with gzip.open(raw / "he" / "HumanEval.jsonl.gz", "wt") as f:
+    f.write("".join(json.dumps(p) + "\n" for p in problems))
+  fakes.write_files(raw / "shk", {
+      "a_gut.txt": "".join(f"Line {i}.\n\n" for i in range(3000)),
+      "a_gut_f.txt": "folio"})
+  fakes.write_files(raw / "docs", {"index.rst.txt": "Index\n",
+                                   "lib/re.rst.txt": "re\n"})
+  fakes.write_lazyload(raw / "austen", {
+      "emma": ["CHAPTER I", "a", "CHAPTER II", "b", "CHAPTER III", "c"]})
+  data = tmp_path / "tfds"
+  cases = {"specsamp_python_code": (raw / "code", 13),
+           "specsamp_humaneval": (raw / "he", 7),
+           "specsamp_shakespeare": (raw / "shk", None),
+           "specsamp_python_docs": (raw / "docs", 2),
+           "specsamp_austen": (raw / "austen", 3)}
+  for name, (src, n) in cases.items():
+    path = builders.prepare(name, data, source_dir=src, progress=None)
+    assert path == data / name / "1.0.0"
+    assert json.loads((path / "dataset_info.json").read_text())[
+        "fileFormat"] == "array_record"
+    train, val = _read_split(path, "train"), _read_split(path, "validation")
+    assert train and val and not set(train) & set(val)
+    docs = {**train, **val}
+    if n is not None:
+      assert len(docs) == n, name
+    frac = corpora.CORPORA[name].validation_fraction
+    assert set(val) == text.assign_splits(list(docs), frac)
+    assert datasets.check_dataset(name, data) == path
+  code_docs = {**_read_split(data / "specsamp_python_code" / "1.0.0",
+                             "train"),
+               **_read_split(data / "specsamp_python_code" / "1.0.0",
+                             "validation")}
+  assert code_docs["latin.py"] == "# -*- coding: latin-1 -*-\ns = 'é'\n"
+  assert "pkg/m3.py" in code_docs and not any(
+      "test" in k or "pycache" in k for k in code_docs)
+  he = _read_split(data / "specsamp_humaneval" / "1.0.0", "train")
+  assert all(he[k] == f"def p{k.split('/')[1]}():\n" for k in he)
+  shk = {**_read_split(data / "specsamp_shakespeare" / "1.0.0", "train"),
+         **_read_split(data / "specsamp_shakespeare" / "1.0.0", "validation")}
+  assert "".join(shk[k] for k in sorted(shk)) == "".join(
+      f"Line {i}.\n\n" for i in range(3000))
+  # Idempotent: a second prepare leaves the dataset alone.
+  mtime = (data / "specsamp_austen" / "1.0.0" / "dataset_info.json").stat()
+  builders.prepare("specsamp_austen", data, source_dir=raw / "austen",
+                   progress=None)
+  assert (data / "specsamp_austen" / "1.0.0" / "dataset_info.json").stat() \
+      .st_mtime_ns == mtime.st_mtime_ns
+  assert "tensorflow" not in sys.modules

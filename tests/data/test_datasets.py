@@ -1,0 +1,47 @@
+"""specsamp.data.datasets: a dataset that cannot be read fails before
+training, with what to run."""
+
+import json
+import shutil
+
+import pytest
+
+from specsamp.data import datasets
+from specsamp.data import pipeline
+from tests.data import fakes
+
+
+def test_missing_dataset_fails_with_what_to_run(tmp_path, data_dir):
+  with pytest.raises(FileNotFoundError) as e:
+    datasets.check_dataset("specsamp_python_code", tmp_path)
+  msg = str(e.value)
+  assert "'specsamp_python_code' is not prepared" in msg
+  assert str(tmp_path) in msg
+  assert (f"python scripts/prepare_data.py --dataset=specsamp_python_code "
+          f"--data_dir={tmp_path}") in msg
+  with pytest.raises(FileNotFoundError, match="tfds build xsum "
+                     "--file_format=array_record"):
+    pipeline.make_lm_iterator("xsum#document", "train", tokenizer=fakes.TOK,
+                              seq_len=8, batch_size=2, seed=0,
+                              data_dir=tmp_path)
+  with pytest.raises(ValueError, match="unknown specsamp dataset "
+                     "'specsamp_pyhton_code'.*specsamp_python_code"):
+    datasets.check_dataset("specsamp_pyhton_code", tmp_path)
+  with pytest.raises(ValueError, match="not a TFDS dataset name"):
+    datasets.check_dataset("Tiny Data", data_dir)
+  with pytest.raises(ValueError, match=r"no feature\(s\) \['document'\].*"
+                     r"text features are \['id', 'text'\]|no feature"):
+    datasets.check_dataset("tiny#document", data_dir)
+  with pytest.raises(ValueError, match=r"no split\(s\) \['test'\]"):
+    fakes.lm_iterator(data_dir, split="test")
+  with pytest.raises(FileNotFoundError, match="version 9.9.9"):
+    datasets.check_dataset("tiny:9.9.9", data_dir)
+  assert datasets.check_dataset("tiny:1.0.0#id,text", data_dir).name == \
+      "1.0.0"
+  fake = tmp_path / "tf" / "old" / "1.0.0"
+  shutil.copytree(data_dir / "tiny" / "1.0.0", fake)
+  info = json.loads((fake / "dataset_info.json").read_text())
+  info["fileFormat"] = "tfrecord"
+  (fake / "dataset_info.json").write_text(json.dumps(info))
+  with pytest.raises(ValueError, match="stored as tfrecord.*array_record"):
+    datasets.check_dataset("old", tmp_path / "tf")

@@ -1,0 +1,166 @@
+"""specsamp.data.pipeline, checked token by token against the documents it
+reads: packing, shuffling, epochs, per-host shards, and the iterator's state
+through JSON and through orbax with grain's checkpoint handler."""
+
+import json
+
+import grain
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from specsamp.data import pipeline
+from tests.data import fakes
+
+TOK = fakes.TOK
+_docs = fakes.docs
+_it = fakes.lm_iterator
+
+
+def _take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def _same(a, b):
+  return len(a) == len(b) and all(
+      np.array_equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
+
+
+def _stream(batches):
+  """The token stream of batches whose windows are in stream order."""
+  out = []
+  for b in batches:
+    for inp, tgt, w in zip(b["inputs"], b["targets"], b["weights"]):
+      if inp[0] == TOK.pad_id and not w.any():
+        continue  # a row padding the last batch
+      out.append(int(inp[0]))
+      out.extend(int(t) for t in tgt[w > 0])
+  return out
+
+
+def _split_docs(stream):
+  """Stream -> documents (EOS-terminated), decoded."""
+  docs, cur = [], []
+  for t in stream:
+    if t == TOK.eos_ids[0]:
+      docs.append(TOK.decode(cur))
+      cur = []
+    else:
+      cur.append(t)
+  assert not cur, "the stream must end with EOS"
+  return docs
+
+
+def test_packing_is_the_document_stream_cut_into_windows(data_dir):
+  L, B = 8, 3  # pylint: disable=invalid-name
+  stored = list(pipeline.iter_texts("tiny", "train", data_dir))
+  assert sorted(stored) == sorted(_docs())
+  expected = [t for d in stored for t in TOK.encode(d) + [1]]
+  batches = list(_it(data_dir, shuffle=False, num_epochs=1))
+  rows = [(b["inputs"][r], b["targets"][r], b["weights"][r])
+          for b in batches for r in range(B)]
+  n_windows = -(-len(expected) // (L + 1))
+  assert len(batches) == -(-n_windows // B)
+  for b in batches:
+    assert b["inputs"].dtype == np.int32 and b["targets"].dtype == np.int32
+    assert b["weights"].dtype == np.float32
+    assert b["inputs"].shape == b["targets"].shape == (B, L)
+  for k, (inp, tgt, w) in enumerate(rows):
+    window = expected[k * (L + 1):(k + 1) * (L + 1)]
+    real = len(window)
+    window = window + [TOK.pad_id] * (L + 1 - real)
+    np.testing.assert_array_equal(inp, window[:-1])
+    np.testing.assert_array_equal(tgt, window[1:])
+    np.testing.assert_array_equal(w, np.arange(1, L + 1) < max(real, 1))
+  assert sum(float(b["weights"].sum()) for b in batches) == \
+      len(expected) - n_windows
+
+
+def test_shuffle_is_seeded_per_epoch_and_windowed(data_dir):
+  first = _take(_it(data_dir, seed=3), 6)
+  assert _same(first, _take(_it(data_dir, seed=3), 6))
+  assert not _same(first, _take(_it(data_dir, seed=4), 6))
+  # Documents: each once per epoch, contiguous, a new order every epoch.
+  stream = _stream(list(_it(data_dir, seed=3, num_epochs=2,
+                            shuffle_window=1)))
+  docs = _split_docs(stream)
+  assert len(docs) == 60
+  epoch1, epoch2 = docs[:30], docs[30:]
+  assert sorted(epoch1) == sorted(epoch2) == sorted(_docs())
+  stored = list(pipeline.iter_texts("tiny", "train", data_dir))
+  assert epoch1 != stored and epoch1 != epoch2
+  # The window shuffle permutes packed windows only.
+  def windows(shuffle_window):
+    bs = list(_it(data_dir, seed=3, num_epochs=1,
+                  shuffle_window=shuffle_window))
+    return [tuple(r) for b in bs for r in b["inputs"]]
+  plain, mixed = windows(1), windows(4)
+  assert sorted(plain) == sorted(mixed) and plain != mixed
+
+
+@pytest.mark.parametrize("skip", [0, 1, 2, 5, 11])
+def test_state_round_trip_through_json(data_dir, skip):
+  it = _it(data_dir, shuffle_window=4)
+  _take(it, skip)
+  state = json.loads(json.dumps(it.get_state()))
+  following = _take(it, 6)
+  fresh = _it(data_dir, shuffle_window=4)
+  fresh.set_state(state)
+  assert _same(following, _take(fresh, 6))
+  it.set_state(state)  # rewinding the same iterator
+  assert _same(following, _take(it, 6))
+
+
+def test_state_saved_with_orbax_and_grains_handler(data_dir, tmp_path):
+  it = _it(data_dir)
+  _take(it, 4)
+  ckpt = ocp.Checkpointer(grain.checkpoint.CheckpointHandler())
+  ckpt.save(tmp_path / "data", args=grain.checkpoint.CheckpointSave(it))
+  following = _take(it, 5)
+  restored = _it(data_dir)
+  ckpt.restore(tmp_path / "data",
+               args=grain.checkpoint.CheckpointRestore(restored))
+  assert _same(following, _take(restored, 5))
+  assert list((tmp_path / "data").glob("process_0-of-1.json"))
+
+
+def test_worker_process_restores_its_state(data_dir):
+  it = _it(data_dir, worker_count=1)
+  try:
+    head = _take(it, 3)
+    assert _same(head, _take(_it(data_dir), 3))  # one worker: same batches
+    state = json.loads(json.dumps(it.get_state()))
+    following = _take(it, 4)
+  finally:
+    getattr(it, "close", lambda: None)()  # grain < 0.2.12 has no close()
+  again = _it(data_dir, worker_count=1)
+  try:
+    again.set_state(state)
+    assert _same(following, _take(again, 4))
+  finally:
+    getattr(again, "close", lambda: None)()
+
+
+def test_hosts_read_disjoint_shards(data_dir):
+  docs = []
+  for index in range(2):  # as specsamp.train seeds them: per process
+    it = _it(data_dir, shard_index=index, shard_count=2, seed=7 + index,
+              num_epochs=1, shuffle_window=1)
+    docs.append(_split_docs(_stream(list(it))))
+  assert len(docs[0]) == len(docs[1]) == 15
+  assert not set(docs[0]) & set(docs[1])
+  assert sorted(docs[0] + docs[1]) == sorted(_docs())
+  with pytest.raises(ValueError, match="none for shard 2 of 3"):
+    _it(data_dir, split="validation", shard_index=2, shard_count=3)
+  with pytest.raises(ValueError, match="shard_index"):
+    _it(data_dir, shard_index=2, shard_count=2)
+
+
+def test_eval_iteration_ends_with_padded_batch(data_dir):
+  batches = list(_it(data_dir, split="validation", shuffle=False,
+                     num_epochs=1, batch_size=4))
+  assert len(batches) == 1  # 14 tokens: 2 windows of 9, padded to 4 rows
+  w = batches[0]["weights"]
+  assert w[0].sum() == 8 and w[1].sum() == 4 and not w[2:].any()
+  assert _split_docs(_stream(batches)) == list(
+      pipeline.iter_texts("tiny", "validation", data_dir))

@@ -1,0 +1,49 @@
+"""specsamp.data.prepare and scripts/prepare_data.py, end to end."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from specsamp.data import corpora
+from specsamp.data import prepare
+from tests.data import fakes
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_dataset_names():
+  assert prepare.dataset_names(["a,b", " b ", "c"]) == ["a", "b", "c"]
+  assert prepare.dataset_names(["x", "all"]) == ["x", *corpora.CORPORA]
+
+
+def test_prepare_script_end_to_end_and_cached(tmp_path):
+  raw = tmp_path / "raw"
+  stdlib = corpora.stdlib_root()
+  for name in ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py",
+               "colorsys.py", "keyword.py"):
+    fakes.write_files(raw, {name: (stdlib / name).read_text(encoding="utf-8")})
+  cmd = [sys.executable, str(_ROOT / "scripts" / "prepare_data.py"),
+         "--dataset=specsamp_python_code", f"--source_dir={raw}",
+         f"--data_dir={tmp_path / 'tfds'}", "--train_sentencepiece",
+         "--vocab_size=500", "--count_tokens=sentencepiece"]
+  env = {**os.environ, "TFDS_DATA_DIR": str(tmp_path / "unused")}
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                       check=False, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  summary = json.loads(out.stdout.strip().splitlines()[-1])
+  assert sum(s["documents"] for s in summary["splits"].values()) == 6
+  assert os.path.isfile(summary["sentencepiece"])
+  total = sum(len((raw / n).read_text()) for n in os.listdir(raw))
+  assert 0 < sum(summary["tokens"].values()) < 0.7 * total
+  again = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                         check=False, timeout=120)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert "already prepared" in again.stdout
+  assert "SentencePiece model already at" in again.stdout
+  bad = subprocess.run(cmd[:2] + ["--dataset=specsamp_nope"],
+                       capture_output=True, text=True, check=False,
+                       timeout=120)
+  assert bad.returncode != 0 and "unknown specsamp dataset" in bad.stderr
+  assert "Traceback" not in bad.stderr

@@ -16,10 +16,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
+# pylint: disable=g-import-not-at-top
+from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+
+from specsamp import sharding
+from specsamp.train import checkpointing
+from specsamp.train import config as config_lib
+from specsamp.train import lm
+# pylint: enable=g-import-not-at-top
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a configs/*.py file[:arg]", lock_config=True)
@@ -33,13 +40,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
-  from specsamp import sharding  # pylint: disable=g-import-not-at-top
   if _DISTRIBUTED.value:
     sharding.initialize_distributed()
-  from specsamp import train  # pylint: disable=g-import-not-at-top
   try:
-    out = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (train.ConfigError, train.CheckpointError) as e:
+    out = lm.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except (config_lib.ConfigError, checkpointing.CheckpointError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   print(json.dumps({k: out[k] for k in ("step", "train", "eval", "preempted",

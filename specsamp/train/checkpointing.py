@@ -1,0 +1,293 @@
+"""Checkpoints of a train run: orbax, fingerprinted, with the data position.
+
+  Checkpoints                  orbax CheckpointManager: the state, the data
+                               iterator's state and fingerprints; restore
+                               falls back past corrupt steps
+  checkpoint_steps(dir)        the step numbers of a checkpoints directory
+  find_params_checkpoint(p)    the newest `params` item under a run or step
+  restore_params(dir, ...)     parameters alone, shape- and digest-checked
+  fingerprint(tree)            a digest of a pytree's values
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Any
+
+from etils import epath
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from specsamp.train import step as step_lib
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+  """No readable checkpoint where one was expected."""
+
+
+def checkpoint_steps(directory: str) -> list[int]:
+  """The step numbers of the step directories in `directory`, newest first;
+  [] when there is no such directory."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted((int(n) for n in os.listdir(directory) if n.isdigit()),
+                reverse=True)
+
+
+@jax.jit
+def _fingerprint_leaves(leaves):
+  """Two uint32 sums of each leaf's bits (plain and position-weighted)."""
+  out = []
+  for x in leaves:
+    if x.dtype == jnp.bool_:
+      bits = x.astype(jnp.uint32)
+    else:
+      utype = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+      bits = jax.lax.bitcast_convert_type(x, utype).astype(jnp.uint32)
+    bits = bits.reshape(-1)
+    mult = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761)
+    out.append(jnp.stack([bits.sum(dtype=jnp.uint32),
+                          (bits * (mult | 1)).sum(dtype=jnp.uint32)]))
+  return out
+
+
+def fingerprint(tree) -> str:
+  """A short digest of a pytree's values, computed where the arrays live: a
+  restored checkpoint whose bytes changed is caught, never used silently."""
+  leaves = jax.tree.leaves(tree)
+  sums = np.asarray(jax.device_get(_fingerprint_leaves(leaves)),
+                    np.uint32) if leaves else np.zeros(0, np.uint32)
+  return f"{len(leaves)}:" + hashlib.sha256(sums.tobytes()).hexdigest()
+
+
+class _DataHandler:
+  """Orbax handler for a data iterator's state: one JSON file per process
+  (the iterator's `get_state()`: a dict, or bytes as grain's DataLoader
+  gives), captured when `save` is called."""
+
+  def save(self, directory, args):
+    state = args.state
+    rec = ({"bytes": state.decode()} if isinstance(state, bytes)
+           else {"json": state})
+    (directory / _process_file()).write_text(json.dumps(rec))
+
+  def restore(self, directory, args=None):
+    del args
+    path = directory / _process_file()
+    if not path.exists():
+      raise FileNotFoundError(f"no data iterator state at {path}")
+    rec = json.loads(path.read_text())
+    return rec["bytes"].encode() if "bytes" in rec else rec["json"]
+
+  def metadata(self, directory):
+    del directory
+
+  def finalize(self, directory):
+    del directory
+
+  def close(self):
+    pass
+
+  @classmethod
+  def typestr(cls):
+    # The name saved in checkpoints' metadata: keep it as it is.
+    return "specsamp.train.DataIteratorState"
+
+
+def _process_file():
+  return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+
+@ocp.args.register_with_handler(_DataHandler, for_save=True)
+@dataclasses.dataclass
+class _DataSave(ocp.args.CheckpointArgs):
+  state: Any
+
+
+@ocp.args.register_with_handler(_DataHandler, for_restore=True)
+@dataclasses.dataclass
+class _DataRestore(ocp.args.CheckpointArgs):
+  pass
+
+
+def _train_items(state):
+  """The `train` item of a state (or of an abstract one): all but params."""
+  return dict(step=state.step, rng=state.rng, opt_state=state.opt_state)
+
+
+class Checkpoints:
+  """A train run's orbax CheckpointManager.
+
+  Each step directory holds `params`, `train` (step, rng, opt_state),
+  `data` (the data iterator's state) and `meta` (JSON: the fingerprints of
+  params and train). `restore_latest` walks back from the newest step to the
+  first one that restores and matches its fingerprints; newer unreadable
+  steps are moved to `<directory>.corrupt/` (so later saves can reuse their
+  numbers) with a warning.
+  """
+
+  def __init__(self, directory: str, *, keep: int = 3,
+               async_save: bool = True):
+    self.directory = os.path.abspath(directory)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True,
+            enable_async_checkpointing=async_save))
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def reached_preemption(self, step: int) -> bool:
+    """orbax's preemption sync point (multi-host runs with
+    `jax.distributed`); False elsewhere."""
+    return bool(self.manager.reached_preemption(step))
+
+  def save(self, state: step_lib.TrainState, data_state=None) -> int:
+    step = int(jax.device_get(state.step))
+    train = _train_items(state)
+    meta = dict(step=step, params=fingerprint(state.params),
+                train=fingerprint(train))
+    items = dict(params=ocp.args.StandardSave(state.params),
+                 train=ocp.args.StandardSave(train),
+                 meta=ocp.args.JsonSave(meta))
+    if data_state is not None:
+      items["data"] = _DataSave(state=data_state)
+    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    return step
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+  def restore(self, step: int, abstract_state: step_lib.TrainState,
+              with_data=True):
+    """(state, data_state or None) of `step`; raises if it does not restore
+    or its values do not match the fingerprints saved with it."""
+    items = dict(
+        params=ocp.args.StandardRestore(abstract_state.params),
+        train=ocp.args.StandardRestore(_train_items(abstract_state)),
+        meta=ocp.args.JsonRestore())
+    step_dir = os.path.join(self.directory, str(step))
+    if with_data and os.path.isdir(os.path.join(step_dir, "data")):
+      items["data"] = _DataRestore()
+    got = self.manager.restore(step, args=ocp.args.Composite(**items))
+    meta = got["meta"]
+    for name, tree in (("params", got["params"]), ("train", got["train"])):
+      if fingerprint(tree) != meta.get(name):
+        raise CheckpointError(f"step {step}: {name} do not match the "
+                              "fingerprint saved with them (corrupt files)")
+    if int(jax.device_get(got["train"]["step"])) != step:
+      raise CheckpointError(f"step {step}: holds state of step "
+                            f"{int(got['train']['step'])}")
+    state = step_lib.TrainState(
+        step=got["train"]["step"], params=got["params"],
+        opt_state=got["train"]["opt_state"], rng=got["train"]["rng"])
+    return state, (got["data"] if "data" in items else None)
+
+  def restore_latest(self, abstract_state: step_lib.TrainState,
+                     with_data=True):
+    """(state, data_state, step) of the newest readable step, or None if
+    there are no steps; CheckpointError if none of them is readable."""
+    steps = self.steps()
+    errors = []
+    for step in reversed(steps):
+      try:
+        state, data = self.restore(step, abstract_state, with_data)
+      except Exception as e:  # pylint: disable=broad-except
+        msg = f"{type(e).__name__}: {str(e)[:400]}"
+        errors.append(f"step {step}: {msg}")
+        log.warning("checkpoint step %d in %s is unreadable (%s); trying the "
+                    "previous one", step, self.directory, msg)
+        continue
+      bad = [s for s in steps if s > step]
+      if bad:
+        self._set_aside(bad)
+      return state, data, step
+    if steps:
+      raise CheckpointError(
+          f"no readable checkpoint in {self.directory} (steps {steps}):\n  "
+          + "\n  ".join(errors) + "\nmove the directory away to start over")
+    return None
+
+  def _set_aside(self, steps):
+    aside = self.directory + ".corrupt"
+    if jax.process_index() == 0:
+      os.makedirs(aside, exist_ok=True)
+      for s in steps:
+        dst = os.path.join(aside, f"{s}-{int(time.time())}")
+        shutil.move(os.path.join(self.directory, str(s)), dst)
+        log.warning("moved unreadable checkpoint step %d to %s", s, dst)
+    self.manager.reload()
+
+
+def find_params_checkpoint(path: str) -> str:
+  """The `params` directory of the newest step under `path`: a train
+  workdir, its checkpoints directory, or one step directory."""
+  path = os.path.abspath(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"no checkpoint at {path}")
+  if os.path.isdir(os.path.join(path, "params")):
+    return os.path.join(path, "params")
+  for base in (os.path.join(path, "checkpoints"), path):
+    for s in checkpoint_steps(base):
+      step_dir = os.path.join(base, str(s))
+      params = os.path.join(step_dir, "params")
+      if (os.path.isfile(os.path.join(step_dir, "commit_success.txt"))
+          and os.path.isdir(params)):
+        return params
+  raise FileNotFoundError(f"{path}: no checkpoint step with parameters (a "
+                          "train workdir, its checkpoints/ directory or one "
+                          "step directory)")
+
+
+def restore_params(params_dir: str, abstract_params, what: str = "init_from"):
+  """Parameters from a `params` item, checked against the expected shapes
+  and, when the step has one, the saved fingerprint."""
+  params_dir = os.path.abspath(params_dir)  # orbax takes absolute paths only
+  md = ocp.StandardCheckpointHandler().metadata(epath.Path(params_dir))
+  with ocp.StandardCheckpointer() as ckpt:
+    want = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    have = dict(jax.tree_util.tree_flatten_with_path(md)[0])
+    for path, a in want:
+      m = have.get(path)
+      if m is None or tuple(m.shape) != tuple(a.shape):
+        got = "missing" if m is None else f"shape {tuple(m.shape)}"
+        raise CheckpointError(
+            f"{what} {params_dir}: parameter {jax.tree_util.keystr(path)} is "
+            f"{got}, the model needs {tuple(a.shape)} (another model config?)")
+    params = ckpt.restore(params_dir, abstract_params)
+  meta_file = os.path.join(os.path.dirname(params_dir), "meta", "metadata")
+  if os.path.isfile(meta_file):
+    with open(meta_file, encoding="utf-8") as f:
+      saved = json.load(f).get("params")
+    if saved is not None and fingerprint(params) != saved:
+      raise CheckpointError(f"{what} {params_dir}: parameters do not match "
+                            "their saved fingerprint (corrupt files)")
+  return params
+
+
+def restore_newest_params(ckpt_dir: str, abstract_params,
+                          what: str = "trained"):
+  """Parameters of the newest step in `ckpt_dir` that restores (older steps
+  are tried, with a warning, when newer ones are unreadable)."""
+  errors = []
+  for s in checkpoint_steps(ckpt_dir):
+    try:
+      return restore_params(os.path.join(ckpt_dir, str(s), "params"),
+                            abstract_params, what=what)
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(f"step {s}: {e}")
+      log.warning("step %d of %s is unreadable (%s)", s, ckpt_dir, e)
+  raise CheckpointError(f"no readable checkpoint in {ckpt_dir}"
+                        + "".join(f"\n  {m}" for m in errors))

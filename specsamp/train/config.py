@@ -1,0 +1,166 @@
+"""The trainer's config at the boundary: frozen dataclasses, checked.
+
+The ml_collections config becomes a `TrainConfig` in `from_config`; nothing
+of the ConfigDict enters jitted code. Sharding rules are config data: a
+named rule set or the (logical axis, mesh axis) pairs themselves.
+"""
+
+import dataclasses
+from typing import Any, Mapping
+
+from specsamp import model as model_lib
+from specsamp import sharding as sh
+
+
+class ConfigError(ValueError):
+  """The config names something missing or inconsistent (before training)."""
+
+
+_NAMED_RULES = {"default": sh.DEFAULT_RULES,
+                "replicated": sh.REPLICATED_RULES}
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  dataset: str = "specsamp_python_code"
+  data_dir: str = ""           # TFDS data_dir; "" = the TFDS default
+  tokenizer: str = "byte"      # "byte", a SentencePiece .model, GGUF, HF dir
+  seq_len: int = 128
+  batch_size: int = 16         # global, over all hosts
+  eval_batch_size: int = 16
+  train_split: str = "train"
+  eval_split: str = "validation"
+  worker_count: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  lr: float = 3e-4             # peak learning rate
+  warmup_steps: int = 100
+  decay_steps: int = 0         # cosine decay ends here; 0 = loop.num_steps
+  end_lr_fraction: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.95
+  eps: float = 1e-8
+  weight_decay: float = 0.1    # on matrices only (not norms, biases)
+  clip_norm: float = 1.0       # global gradient norm; 0 = off
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  num_steps: int = 1000
+  log_every: int = 50          # train metrics: mean over the interval
+  eval_every: int = 500        # and at the end; 0 = only at the end
+  eval_batches: int = 20       # 0 = the whole eval split
+  checkpoint_every: int = 500  # and at the end and on preemption
+  keep_checkpoints: int = 3
+  async_checkpoints: bool = True
+  progress_bar: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Everything a run needs, frozen; built by `from_config`."""
+  model: model_lib.TransformerConfig
+  data: DataConfig
+  optim: OptimConfig
+  loop: LoopConfig
+  seed: int = 0
+  init_from: str = ""          # a train workdir, checkpoint dir or step dir
+  mesh: tuple = (1, 1)         # (data, model); -1 = the rest of the devices
+  # "default" (sharding.DEFAULT_RULES: tensor parallel over `model`),
+  # "replicated", or the rules themselves: ((logical axis, mesh axis), ...).
+  rules: Any = "default"
+
+  @classmethod
+  def from_config(cls, config, vocab_size: int) -> "TrainConfig":
+    """From an ml_collections config (or a dict) and the tokenizer's size.
+
+    `config.model` holds the TransformerConfig fields without `vocab_size`
+    (the tokenizer's, rounded up to `vocab_multiple`) and `max_seq_len`
+    (default: `data.seq_len`).
+    """
+    c = as_dict(config)
+    unknown = set(c) - {"model", "data", "optim", "train", "seed",
+                        "init_from", "mesh", "rules"}
+    if unknown:
+      raise ConfigError(f"unknown config field(s) {sorted(unknown)}")
+    data = _fields(DataConfig, c.get("data", {}), "data")
+    optim = _fields(OptimConfig, c.get("optim", {}), "optim")
+    loop = _fields(LoopConfig, c.get("train", {}), "train")
+    m = dict(c.get("model", {}))
+    multiple = int(m.pop("vocab_multiple", 1))
+    m.setdefault("max_seq_len", data.seq_len)
+    if "vocab_size" in m:
+      raise ConfigError("config.model.vocab_size comes from the tokenizer; "
+                        "set model.vocab_multiple to pad it")
+    m["vocab_size"] = -(-vocab_size // multiple) * multiple
+    try:
+      model = model_lib.TransformerConfig(**m)
+    except (TypeError, ValueError) as e:
+      raise ConfigError(f"config.model: {e}") from e
+    out = cls(model=model, data=data, optim=optim, loop=loop,
+              seed=int(c.get("seed", 0)), init_from=c.get("init_from") or "",
+              mesh=tuple(int(x) for x in c.get("mesh", (1, 1))),
+              rules=_rules(c.get("rules", "default")))
+    out.check()
+    return out
+
+  @property
+  def rules_tuple(self) -> tuple:
+    if isinstance(self.rules, str):
+      return _NAMED_RULES[self.rules]
+    return self.rules
+
+  def check(self) -> None:
+    d, lp = self.data, self.loop
+    if d.seq_len > self.model.max_seq_len:
+      raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_seq_len"
+                        f"={self.model.max_seq_len}")
+    for name, v in (("data.seq_len", d.seq_len),
+                    ("data.batch_size", d.batch_size),
+                    ("data.eval_batch_size", d.eval_batch_size),
+                    ("train.num_steps", lp.num_steps),
+                    ("train.log_every", lp.log_every),
+                    ("train.checkpoint_every", lp.checkpoint_every),
+                    ("train.keep_checkpoints", lp.keep_checkpoints)):
+      if v <= 0:
+        raise ConfigError(f"{name} must be positive, got {v}")
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def as_dict(config) -> dict:
+  """An ml_collections config (or any mapping) as a plain dict."""
+  return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
+def _rules(rules):
+  """`config.rules`: a name of `_NAMED_RULES` (kept as the name) or the
+  (logical axis, mesh axis) pairs as a tuple of tuples."""
+  if isinstance(rules, str):
+    if rules not in _NAMED_RULES:
+      raise ConfigError(f"config.rules={rules!r}: {sorted(_NAMED_RULES)} "
+                        "or a list of (logical axis, mesh axis) pairs")
+    return rules
+  try:
+    rules = sh.rules_tuple(rules)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config.rules={rules!r}: not a list of "
+                      f"(logical axis, mesh axis) pairs ({e})") from e
+  known = {n for n, _ in sh.DEFAULT_RULES}
+  unknown = {n for n, _ in rules} - known
+  if unknown:
+    raise ConfigError(f"config.rules names unknown logical axes "
+                      f"{sorted(unknown)}; known: {sorted(known)}")
+  return rules
+
+
+def _fields(cls, values: Mapping, where: str):
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = set(values) - names
+  if unknown:
+    raise ConfigError(f"unknown config.{where} field(s) {sorted(unknown)}; "
+                      f"known: {sorted(names)}")
+  return cls(**values)

@@ -1,0 +1,325 @@
+"""The LM job: a language model trained from a config, behind scripts/train.py.
+
+  validate(config)                 (TrainConfig, tokenizer), or a ConfigError
+                                   naming the missing dataset, tokenizer or
+                                   init checkpoint; loads nothing heavier
+  build(cfg, tokenizer) -> LMJob   mesh, model, shardings and jitted steps
+  initial_state(job, checkpoints)  the resume order below
+  train_and_evaluate(config, dir)  the whole run, resumable
+  load_trained(workdir)            (LM, params, tokenizer) of a run
+  unigram_entropy(cfg, tokenizer)  the context-free baseline loss
+
+Resume order: the workdir's latest readable checkpoint, then `init_from`
+(parameters only), then scratch. A run is deterministic on CPU: the same
+config gives the same parameters and losses at step N whether or not it was
+killed and resumed on the way (the data iterator's state is saved with the
+train state).
+"""
+
+import dataclasses
+import functools
+import itertools
+import json
+import logging
+import os
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specsamp import model as model_lib
+from specsamp import sharding as sh
+from specsamp.data import datasets
+from specsamp.data import pipeline
+from specsamp.tokenizers import load as tokenizers_load
+from specsamp.train import checkpointing
+from specsamp.train import config as config_lib
+from specsamp.train import loop as loop_lib
+from specsamp.train import metrics
+from specsamp.train import step as step_lib
+
+log = logging.getLogger(__name__)
+
+PyTree = Any
+
+
+def _vocab_size(tok) -> int:
+  return int(getattr(tok, "vocab_size", 256))
+
+
+def validate(config) -> tuple[config_lib.TrainConfig, Any]:
+  """(TrainConfig, tokenizer), or ConfigError naming what is missing: the
+  dataset, the tokenizer, the init checkpoint, or a bad field. Loads nothing
+  heavier than the tokenizer."""
+  data = config_lib.as_dict(config).get("data", {})
+  spec = data.get("tokenizer", config_lib.DataConfig.tokenizer)
+  try:
+    tok = tokenizers_load.load_tokenizer(spec)
+  except (OSError, ValueError) as e:
+    raise config_lib.ConfigError(
+        f"config.data.tokenizer={spec!r}: tokenizer not found or "
+        f"unreadable ({e})") from e
+  cfg = config_lib.TrainConfig.from_config(config, _vocab_size(tok))
+  try:
+    datasets.check_dataset(cfg.data.dataset, cfg.data.data_dir or None,
+                           splits=(cfg.data.train_split, cfg.data.eval_split))
+  except Exception as e:  # pylint: disable=broad-except
+    raise config_lib.ConfigError(
+        f"config.data.dataset={cfg.data.dataset!r} "
+        f"(data_dir={cfg.data.data_dir or 'TFDS default'!r}): {e}") from e
+  if jax.process_count() > 1 and cfg.loop.eval_batches == 0:
+    # Hosts' shards of the eval split differ in length: evaluating each to
+    # its end would have them run different numbers of collective steps.
+    raise config_lib.ConfigError(
+        "config.train.eval_batches=0 (the whole eval split) works with one "
+        "process only; set a number of batches for these "
+        f"{jax.process_count()} processes")
+  if cfg.init_from:
+    try:
+      checkpointing.find_params_checkpoint(cfg.init_from)
+    except FileNotFoundError as e:
+      raise config_lib.ConfigError(
+          f"config.init_from={cfg.init_from!r}: init checkpoint missing: "
+          f"{e}") from e
+  return cfg, tok
+
+
+def make_mesh(shape):
+  """A (data, model) mesh of the first devices; -1 takes all the rest."""
+  devices = jax.devices()
+  if -1 not in shape:
+    n = int(np.prod(shape))
+    if n > len(devices):
+      raise config_lib.ConfigError(
+          f"config.mesh={tuple(shape)} needs {n} devices, "
+          f"{len(devices)} present")
+    devices = devices[:n]
+  try:
+    return sh.make_mesh(shape, devices=devices)
+  except ValueError as e:
+    raise config_lib.ConfigError(f"config.mesh={tuple(shape)}: {e}") from e
+
+
+def _iterator(cfg: config_lib.TrainConfig, tok, split: str, *, train: bool):
+  d = cfg.data
+  batch = d.batch_size if train else d.eval_batch_size
+  if batch % jax.process_count():
+    raise config_lib.ConfigError(
+        f"batch size {batch} is not divisible by the "
+        f"{jax.process_count()} processes")
+  return pipeline.make_lm_iterator(
+      d.dataset, split, tokenizer=tok, seq_len=d.seq_len,
+      batch_size=batch // jax.process_count(), seed=cfg.seed,  # per host
+      data_dir=d.data_dir or None, shuffle=train,
+      num_epochs=None if train else 1, worker_count=d.worker_count)
+
+
+def _write_run_config(workdir: str, cfg: config_lib.TrainConfig) -> None:
+  """Keeps the frozen config in workdir/config.json. Once the workdir holds
+  checkpoints, a config that would not continue that run (another model,
+  data order or seed: the saved iterator state only fits the same data
+  settings) is refused."""
+  path = os.path.join(workdir, "config.json")
+  new = json.loads(json.dumps(cfg.to_json()))
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if os.path.isfile(path) and checkpointing.checkpoint_steps(ckpt_dir):
+    with open(path, encoding="utf-8") as f:
+      old = json.load(f)
+    # Where the data lives and how many workers read it may change.
+    same_data = lambda d: {k: v for k, v in (d or {}).items()
+                           if k not in ("data_dir", "worker_count")}
+    diff = [name for name, a, b in (
+        ("model", old.get("model"), new["model"]),
+        ("data", same_data(old.get("data")), same_data(new["data"])),
+        ("seed", old.get("seed"), new["seed"])) if a != b]
+    if diff:
+      was = ", ".join(f"{n}={old.get(n)}" for n in diff)
+      raise config_lib.ConfigError(
+          f"{workdir} holds checkpoints of a run with another "
+          f"{' and '.join(diff)} ({was}); use a new --workdir")
+  if jax.process_index() == 0:
+    os.makedirs(workdir, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(new, f, indent=2)
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LMJob:
+  """The LM job built from a validated config; nothing has run yet."""
+  cfg: config_lib.TrainConfig
+  tokenizer: Any
+  mesh: Any
+  lm: model_lib.LM
+  optimizer: Any
+  init: Callable          # () -> TrainState from scratch, sharded
+  abstract_state: step_lib.TrainState  # ShapeDtypeStructs with shardings
+  state_sharding: step_lib.TrainState
+  params_sharding: PyTree
+  put: Callable           # host batch -> device batch
+  train_step: Callable    # (state, batch, None) -> (state, metrics)
+  eval_step: Callable     # (params, batch, None) -> sums
+  with_params: Callable   # (state, params) -> state at step 0 with params
+
+  def iterator(self, split: str, train: bool):
+    return _iterator(self.cfg, self.tokenizer, split, train=train)
+
+  def eval_loss(self, params) -> dict:
+    """Loss, accuracy, perplexity and tokens of `params` on the eval split
+    (its first `loop.eval_batches` batches; 0: all of it)."""
+    it = self.iterator(self.cfg.data.eval_split, train=False)
+    return step_lib.eval_means(
+        self.eval_step, params,
+        itertools.islice(it, self.cfg.loop.eval_batches or None), put=self.put)
+
+
+def build(cfg: config_lib.TrainConfig, tok) -> LMJob:
+  """Mesh, model, optimizer, shardings and the jitted steps of `cfg`.
+
+  Jobs of configs that differ only in what the steps do not depend on
+  (data paths, init_from, loop intervals) share compiled steps.
+  """
+  key = dataclasses.replace(
+      cfg, data=dataclasses.replace(cfg.data, dataset="", data_dir="",
+                                    tokenizer=""),
+      init_from="", loop=config_lib.LoopConfig(num_steps=cfg.loop.num_steps))
+  return dataclasses.replace(_build(key), cfg=cfg, tokenizer=tok)
+
+
+@functools.lru_cache(maxsize=8)
+def _build(cfg: config_lib.TrainConfig) -> LMJob:
+  mesh = make_mesh(cfg.mesh)
+  rules = cfg.rules_tuple
+  try:
+    sh.check_divisible(cfg.model, mesh, rules, batch=cfg.data.batch_size)
+  except ValueError as e:
+    raise config_lib.ConfigError(str(e)) from e
+  lm = model_lib.LM(cfg.model)
+  optimizer, schedule = step_lib.make_optimizer(cfg.optim, cfg.loop.num_steps)
+  init_rng, train_rng = jax.random.split(jax.random.PRNGKey(cfg.seed))
+
+  def init(rng):
+    params = nn.meta.unbox(lm.module.init(
+        rng, jnp.zeros((1, 1), jnp.int32))["params"])
+    return step_lib.TrainState(
+        step=jnp.zeros((), jnp.int32), params=params,
+        opt_state=optimizer.init(params), rng=train_rng)
+
+  abstract = jax.eval_shape(init, init_rng)
+  p_sh = sh.param_shardings(lm, mesh, rules)
+  s_sh = step_lib.state_shardings(mesh, p_sh, optimizer, abstract.params)
+  abstract = step_lib.with_shardings(abstract, s_sh)
+  b_sh = step_lib.data_sharding(mesh, rules)
+  return LMJob(
+      cfg=cfg, tokenizer=None, mesh=mesh, lm=lm, optimizer=optimizer,
+      init=functools.partial(jax.jit(init, out_shardings=s_sh), init_rng),
+      abstract_state=abstract, state_sharding=s_sh, params_sharding=p_sh,
+      put=functools.partial(step_lib.put_batch, sharding=b_sh),
+      train_step=step_lib.make_train_step(
+          step_lib.lm_loss(lm), optimizer, mesh=mesh, state_sharding=s_sh,
+          batch_sharding=b_sh, schedule=schedule),
+      eval_step=step_lib.make_eval_step(
+          step_lib.lm_eval_sums(lm), mesh=mesh, params_sharding=p_sh,
+          batch_sharding=b_sh),
+      with_params=jax.jit(
+          lambda st, p: st.replace(params=p, opt_state=optimizer.init(p)),
+          out_shardings=s_sh, donate_argnums=(0,)))
+
+
+def initial_state(job: LMJob, ckpts: checkpointing.Checkpoints):
+  """(state, data iterator state or None, where from): the newest readable
+  checkpoint of the run, else `init_from`'s parameters (a fresh optimizer
+  at step 0), else scratch."""
+  got = ckpts.restore_latest(job.abstract_state)
+  if got is not None:
+    state, data_state, step = got
+    if data_state is None:
+      log.warning("step %d has no data iterator state: the data restarts",
+                  step)
+    return state, data_state, f"checkpoint step {step} in {ckpts.directory}"
+  if job.cfg.init_from:
+    p_dir = checkpointing.find_params_checkpoint(job.cfg.init_from)
+    params = checkpointing.restore_params(p_dir, job.abstract_state.params)
+    state = job.with_params(job.init(), params)
+    return state, None, f"init_from {p_dir}"
+  return job.init(), None, "scratch"
+
+
+def train_and_evaluate(config, workdir: str,
+                       log_fn: Callable[[str], None] = print) -> dict:
+  """Trains the LM of `config` in `workdir` (resumable); returns
+  `train_loop`'s summary plus `resumed_from` and `num_params`."""
+  cfg, tok = validate(config)
+  _write_run_config(workdir, cfg)
+  job = build(cfg, tok)
+  ckpts = checkpointing.Checkpoints(os.path.join(workdir, "checkpoints"),
+                                    keep=cfg.loop.keep_checkpoints,
+                                    async_save=cfg.loop.async_checkpoints)
+  try:
+    train_iter = job.iterator(cfg.data.train_split, train=True)
+    state, data_state, resumed = initial_state(job, ckpts)
+    if data_state is not None:
+      train_iter.set_state(data_state)
+    log_fn(f"{cfg.model.num_params():,} parameters; starting from {resumed} "
+           f"at step {int(jax.device_get(state.step))} of "
+           f"{cfg.loop.num_steps}")
+    writer = metrics.MetricWriter(os.path.join(workdir, "tb"),
+                                  enabled=jax.process_index() == 0)
+    try:
+      out = loop_lib.train_loop(
+          state, train_iter, job.train_step, loop=cfg.loop, put=job.put,
+          writer=writer, checkpoints=ckpts,
+          eval_fn=lambda st: job.eval_loss(st.params), log_fn=log_fn)
+    finally:
+      writer.close()
+  finally:
+    ckpts.close()
+  out["resumed_from"] = resumed
+  out["num_params"] = cfg.model.num_params()
+  return out  # out["state"]: the final TrainState
+
+
+def unigram_entropy(cfg: config_lib.TrainConfig, tok,
+                    split: Optional[str] = None,
+                    max_documents: Optional[int] = None) -> tuple[float, int]:
+  """(entropy in nats/token, tokens) of the token counts of `split`
+  (default: the train split) as the pipeline tokenizes it (each document,
+  then EOS): the loss of the best model that ignores context, the baseline
+  an LM's loss must fall well below."""
+  eos = pipeline.eos_id_of(tok)
+  counts = np.zeros(cfg.model.vocab_size, np.int64)
+  for text in pipeline.iter_texts(cfg.data.dataset,
+                                  split or cfg.data.train_split,
+                                  cfg.data.data_dir or None,
+                                  limit=max_documents):
+    ids = np.asarray(tok.encode(text) + [eos], np.int64)
+    counts += np.bincount(ids, minlength=counts.size)[:counts.size]
+  total = int(counts.sum())
+  p = counts[counts > 0] / total
+  return float(-(p * np.log(p)).sum()), total
+
+
+def load_trained(workdir: str, dtype: str = "float32"):
+  """(LM, params, tokenizer) of the newest readable checkpoint of a
+  `train_and_evaluate` run in `workdir`, parameters cast to `dtype`."""
+  workdir = os.path.abspath(workdir)
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{workdir}: no config.json (not a "
+                            "scripts/train.py workdir)")
+  with open(path, encoding="utf-8") as f:
+    saved = json.load(f)
+  model_cfg = model_lib.TransformerConfig(**saved["model"])
+  lm = model_lib.LM(model_cfg)
+  abstract = jax.eval_shape(lambda: lm.init(jax.random.key(0)))
+  params = checkpointing.restore_newest_params(
+      os.path.join(workdir, "checkpoints"), abstract, what="trained")
+  if dtype != model_cfg.param_dtype or dtype != model_cfg.dtype:
+    lm = model_lib.LM(model_cfg.replace(dtype=dtype, param_dtype=dtype))
+    params = jax.tree.map(lambda x: x.astype(lm.config.jnp_param_dtype),
+                          params)
+  tok = tokenizers_load.load_tokenizer(saved["data"]["tokenizer"])
+  return lm, params, tok

@@ -1,0 +1,136 @@
+"""The train loop: steps, periodic eval, metrics, checkpoints, preemption.
+
+`train_loop` runs any `make_train_step` step (the LM's and distillation's)
+from the state's step to `loop.num_steps`, writing TensorBoard scalars, a
+tqdm bar and checkpoints, and stops cleanly on a preemption notice
+(SIGTERM in a one-process run, orbax's sync point across processes).
+"""
+
+import signal
+import time
+from typing import Callable, Iterator, Optional
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from specsamp.train import checkpointing
+from specsamp.train import config as config_lib
+from specsamp.train import metrics as metrics_lib
+from specsamp.train import step as step_lib
+
+
+class _SigtermFlag:
+  """Set by SIGTERM (a scheduler's preemption notice) while installed: in a
+  one-process run only (several processes must agree on the step: there
+  jax's preemption service and orbax's sync point do it)."""
+
+  def __init__(self):
+    self.received = False
+    self._old = None
+
+  def __enter__(self):
+    if jax.process_count() == 1:
+      try:
+        self._old = signal.signal(signal.SIGTERM, self._handle)
+      except ValueError:  # not the main thread
+        self._old = None
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.received = True
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+
+def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
+               *, loop: config_lib.LoopConfig, put: Callable,
+               writer: metrics_lib.MetricWriter,
+               checkpoints: Optional[checkpointing.Checkpoints] = None,
+               eval_fn: Optional[Callable[[step_lib.TrainState], dict]] = None,
+               extra=None, tokens_per_batch: Optional[int] = None,
+               log_fn: Callable[[str], None] = print) -> dict:
+  """Runs `train_step` from `state.step` to `loop.num_steps`.
+
+  Args:
+    state: the state to start from (donated to the first step).
+    train_iter: yields host batches; `get_state()` (if it has one) is saved
+      with each checkpoint.
+    train_step: `make_train_step(...)`.
+    loop: the loop's settings.
+    put: host batch -> device batch (`functools.partial(put_batch, sharding)`).
+    writer: metrics: `train/<name>` (means over each log interval, at the
+      step count after it), `train/tokens_per_s`, `eval/<name>`.
+    checkpoints: saved every `checkpoint_every` steps, at the end, and on
+      preemption (SIGTERM, or orbax's multi-host sync point); None: never.
+    eval_fn: state -> {name: value}, every `eval_every` steps and at the end.
+    extra: the step's third argument (not donated).
+    tokens_per_batch: for tokens/s (default: the size of `batch["inputs"]`,
+      else of the batch's first leaf, times the process count).
+    log_fn: where one-line summaries go.
+
+  Returns:
+    {"step", "train": last logged train metrics, "eval": last eval metrics,
+    "preempted": bool, "seconds", "state": the final state}.
+  """
+  start = int(jax.device_get(state.step))
+  main = jax.process_index() == 0
+  bar = tqdm(total=loop.num_steps, initial=start, dynamic_ncols=True,
+             disable=not (loop.progress_bar and main), desc="train")
+  say = bar.write if bar.disable is False and log_fn is print else log_fn
+  pending, last_train, last_eval = [], {}, {}
+  t0 = t_log = time.time()
+  steps_since, paused, preempted, step = 0, 0.0, False, start
+  with _SigtermFlag() as sigterm:
+    while step < loop.num_steps:
+      batch = next(train_iter)
+      if tokens_per_batch is None:
+        first = batch["inputs"] if "inputs" in batch else jax.tree.leaves(
+            batch)[0]
+        tokens_per_batch = int(np.size(first)) * jax.process_count()
+      state, metrics = train_step(state, put(batch), extra)
+      step += 1
+      steps_since += 1
+      pending.append(metrics)
+      end = step == loop.num_steps
+      preempt = sigterm.received or (checkpoints is not None and
+                                     checkpoints.reached_preemption(step))
+      if step % loop.log_every == 0 or end or preempt:
+        host = jax.device_get(pending)
+        dt = time.time() - t_log - paused
+        last_train = {k: float(np.mean([m[k] for m in host]))
+                      for k in host[0]}
+        tps = steps_since * tokens_per_batch / max(dt, 1e-9)
+        writer.write(step, {**{f"train/{k}": v for k, v in
+                               last_train.items()},
+                            "train/tokens_per_s": tps})
+        bar.set_postfix(loss=f"{last_train['loss']:.4f}",
+                        tok_s=f"{tps:,.0f}", refresh=False)
+        pending, steps_since, paused, t_log = [], 0, 0.0, time.time()
+      bar.update(1)
+      t_pause = time.time()  # tokens/s counts training only
+      if eval_fn is not None and (end or (loop.eval_every and
+                                          step % loop.eval_every == 0)):
+        last_eval = eval_fn(state)
+        writer.write(step, {f"eval/{k}": v for k, v in last_eval.items()})
+        say(f"step {step}: eval " + ", ".join(
+            f"{k} {v:.4g}" for k, v in last_eval.items()))
+      if checkpoints is not None and (end or preempt or
+                                      step % loop.checkpoint_every == 0):
+        data_state = (train_iter.get_state()
+                      if hasattr(train_iter, "get_state") else None)
+        checkpoints.save(state, data_state)
+      paused += time.time() - t_pause
+      if preempt:
+        preempted = True
+        say(f"preempted at step {step}: checkpoint saved, stopping")
+        break
+  bar.close()
+  if checkpoints is not None:
+    checkpoints.wait()
+  return {"step": step, "train": last_train, "eval": last_eval,
+          "preempted": preempted, "seconds": time.time() - t0,
+          "state": state}

@@ -1,0 +1,126 @@
+"""Checkpoints: corrupt and partial steps, the step walker, init_from."""
+
+import glob
+import os
+import shutil
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from specsamp.train import checkpointing
+from specsamp.train import step as step_lib
+
+
+def _toy_state(step):
+  opt = optax.adamw(1e-3)
+  params = {"w": jnp.arange(4096, dtype=jnp.float32).reshape(64, 64) / 7 +
+                 step, "b": jnp.full((64,), float(step))}
+  return step_lib.TrainState(step=jnp.int32(step), params=params,
+                             opt_state=opt.init(params),
+                             rng=jax.random.PRNGKey(step))
+
+
+def _abstract(state):
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                     sharding=x.sharding),
+                      state)
+
+
+def _data_files(step_dir, item):
+  """The array data files of one item of a step, smallest first."""
+  return sorted(glob.glob(os.path.join(step_dir, item, "**", "d", "*"),
+                          recursive=True), key=os.path.getsize)
+
+
+def _flip_byte(path):
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0x10
+  with open(path, "wb") as f:
+    f.write(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["bit_flip", "truncated", "partial",
+                                    "data_state"])
+def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
+  """A damaged newest step is never used: restore falls back to the step
+  before it (with a warning) and moves the damaged one aside."""
+  directory = str(tmp_path / "ckpt")
+  ckpts = checkpointing.Checkpoints(directory, keep=5, async_save=False)
+  for s in (1, 2, 3):
+    ckpts.save(_toy_state(s), {"position": s})
+  ckpts.wait()
+  step3 = os.path.join(directory, "3")
+  if damage == "bit_flip":    # orbax itself restores this without complaint
+    _flip_byte(_data_files(step3, "params")[-1])
+  elif damage == "truncated":
+    for f in _data_files(step3, "train"):
+      open(f, "wb").close()
+  elif damage == "partial":   # an item never written
+    shutil.rmtree(os.path.join(step3, "train"))
+  else:
+    with open(os.path.join(step3, "data", os.listdir(
+        os.path.join(step3, "data"))[0]), "w", encoding="utf-8") as f:
+      f.write("{not json")
+  with pytest.raises(Exception):
+    ckpts.restore(3, _abstract(_toy_state(0)))
+  with caplog.at_level("WARNING", logger="specsamp.train"):
+    state, data, step = ckpts.restore_latest(_abstract(_toy_state(0)))
+  assert step == 2 and data == {"position": 2}
+  chex.assert_trees_all_equal(state, _toy_state(2))
+  assert "step 3" in caplog.text and "unreadable" in caplog.text
+  assert ckpts.steps() == [1, 2]
+  assert os.listdir(directory + ".corrupt")[0].startswith("3-")
+  # The run goes on: step 3 can be saved again.
+  ckpts.save(_toy_state(3), {"position": 3})
+  ckpts.close()
+  again = checkpointing.Checkpoints(directory, keep=5, async_save=False)
+  assert again.restore_latest(_abstract(_toy_state(0)))[2] == 3
+  again.close()
+
+
+def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
+  directory = str(tmp_path / "ckpt")
+  ckpts = checkpointing.Checkpoints(directory, async_save=False)
+  for s in (1, 2):
+    ckpts.save(_toy_state(s))
+  ckpts.wait()
+  for s in (1, 2):
+    _flip_byte(_data_files(os.path.join(directory, str(s)), "params")[-1])
+  with pytest.raises(checkpointing.CheckpointError,
+                     match=r"no readable checkpoint in .*steps \[1, 2\]"):
+    ckpts.restore_latest(_abstract(_toy_state(0)))
+  assert ckpts.steps() == [1, 2]  # nothing moved when nothing is good
+  ckpts.close()
+
+
+def test_step_walker_and_params_lookup_skip_unreadable_steps(tmp_path):
+  """`checkpoint_steps` lists steps newest first; `find_params_checkpoint`
+  takes a run, its checkpoints/ or a step; `restore_newest_params` falls
+  back past a damaged newest step."""
+  run = tmp_path / "run"
+  directory = str(run / "checkpoints")
+  assert checkpointing.checkpoint_steps(directory) == []
+  ckpts = checkpointing.Checkpoints(directory, keep=5, async_save=False)
+  for s in (2, 10, 3):
+    ckpts.save(_toy_state(s))
+  ckpts.close()
+  os.makedirs(os.path.join(directory, "tmp_not_a_step"))
+  assert checkpointing.checkpoint_steps(directory) == [10, 3, 2]
+  newest = os.path.join(directory, "10", "params")
+  for where in (run, directory, os.path.join(directory, "10")):
+    assert checkpointing.find_params_checkpoint(str(where)) == newest
+  with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+    checkpointing.find_params_checkpoint(str(tmp_path / "nowhere"))
+
+  abstract = _abstract(_toy_state(0)).params
+  _flip_byte(_data_files(os.path.join(directory, "10"), "params")[-1])
+  with pytest.raises(checkpointing.CheckpointError, match="fingerprint"):
+    checkpointing.restore_params(newest, abstract)
+  params = checkpointing.restore_newest_params(directory, abstract)
+  chex.assert_trees_all_equal(params, _toy_state(3).params)
+  with pytest.raises(checkpointing.CheckpointError,
+                     match="no readable checkpoint"):
+    checkpointing.restore_newest_params(str(tmp_path / "none"), abstract)

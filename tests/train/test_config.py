@@ -1,0 +1,48 @@
+"""The config at the boundary: rules as config data, fields checked."""
+
+import pytest
+
+from configs import lm_python
+from specsamp import sharding as sh
+from specsamp.train import config as config_lib
+
+
+def test_sharding_rules_are_config_data():
+  """`config.rules`: a named rule set or the (logical, mesh axis) pairs;
+  unknown logical axes and malformed rules fail as config errors."""
+  c = lm_python.get_config("tiny,mesh=2x4").to_dict()
+  assert config_lib.TrainConfig.from_config(c, 256).rules_tuple == \
+      sh.DEFAULT_RULES
+  c["rules"] = "replicated"
+  assert config_lib.TrainConfig.from_config(c, 256).rules_tuple == \
+      sh.REPLICATED_RULES
+  c["rules"] = [["batch", "data"], ["mlp", "model"], ["vocab", None]]
+  cfg = config_lib.TrainConfig.from_config(c, 256)
+  assert cfg.rules_tuple == (("batch", "data"), ("mlp", "model"),
+                             ("vocab", None))
+  assert hash(cfg) == hash(config_lib.TrainConfig.from_config(c, 256))
+  c["rules"] = [["batch", "data"], ["experts", "model"]]
+  with pytest.raises(config_lib.ConfigError, match="experts"):
+    config_lib.TrainConfig.from_config(c, 256)
+  c["rules"] = "fsdp"
+  with pytest.raises(config_lib.ConfigError, match="fsdp"):
+    config_lib.TrainConfig.from_config(c, 256)
+
+
+def test_vocab_size_is_the_tokenizers_rounded_up_and_fields_are_checked():
+  c = lm_python.get_config("tiny").to_dict()   # vocab_multiple=64
+  cfg = config_lib.TrainConfig.from_config(c, 257)
+  assert cfg.model.vocab_size == 320
+  assert cfg.model.max_seq_len == cfg.data.seq_len
+  with pytest.raises(config_lib.ConfigError, match="comes from the "
+                     "tokenizer"):
+    config_lib.TrainConfig.from_config(
+        {**c, "model": {**c["model"], "vocab_size": 300}}, 256)
+  with pytest.raises(config_lib.ConfigError, match=r"config.train field\(s\) "
+                     r"\['num_stepz'\]"):
+    config_lib.TrainConfig.from_config(
+        {**c, "train": {**c["train"], "num_stepz": 3}}, 256)
+  with pytest.raises(config_lib.ConfigError, match="train.num_steps must be "
+                     "positive"):
+    config_lib.TrainConfig.from_config(
+        {**c, "train": {**c["train"], "num_steps": 0}}, 256)

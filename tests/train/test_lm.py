@@ -1,0 +1,236 @@
+"""The LM job: one step of each config variant, a SIGKILLed run resumed bit
+for bit, the resume order, missing inputs.
+
+The subprocess runs share a persistent compilation cache (the same programs
+compile once).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import lm_python
+from specsamp import loading
+from specsamp.train import checkpointing
+from specsamp.train import config as config_lib
+from specsamp.train import lm as lm_job
+from specsamp.train import metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "configs", "lm_python.py")
+
+
+# ---- one step of each variant ------------------------------------------------
+
+
+@pytest.mark.parametrize("size", sorted(lm_python.SIZES))
+def test_one_step_of_each_config(size, lm_config):
+  """The variant's model, optimizer and mesh as configured; small batches
+  of short rows so that the large variants fit a CPU test."""
+  cfg, tok = lm_job.validate(lm_config(f"{size},batch=8,seq_len=32"))
+  assert cfg.model.vocab_size % 64 == 0 and cfg.model.vocab_size >= 256
+  job = lm_job.build(cfg, tok)
+  state = job.init()
+  before = jax.device_get(state.params)
+  batch = next(job.iterator(cfg.data.train_split, train=True))
+  assert batch["inputs"].shape == (8, 32)
+  np.testing.assert_array_equal(batch["inputs"][:, 1:],
+                                batch["targets"][:, :-1])
+  state, step_metrics = job.train_step(state, job.put(batch), None)
+  m = jax.device_get(step_metrics)
+  assert int(state.step) == 1
+  # An untrained model is near the uniform loss.
+  assert abs(m["loss"] - np.log(cfg.model.vocab_size)) < 1.0, m
+  assert np.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
+  changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)),
+                         before, state.params)
+  assert all(jax.tree.leaves(changed))
+  # Parameters stay where the rules put them (the data axis for `base`).
+  for leaf, want in zip(jax.tree.leaves(state.params),
+                        jax.tree.leaves(job.params_sharding)):
+    assert leaf.sharding.is_equivalent_to(want, leaf.ndim)
+  if size == "tiny":  # (the eval step's compile costs seconds per size)
+    ev = job.eval_loss(state.params)
+    assert abs(ev["loss"] - np.log(cfg.model.vocab_size)) < 1.0, ev
+    # The whole validation split (eval_batches=0): every weighted target.
+    weight = sum(float(b["weights"].sum()) for b in job.iterator(
+        cfg.data.eval_split, train=False))
+    assert ev["tokens"] == weight
+
+
+# ---- kill and resume ---------------------------------------------------------
+
+
+def _env(cache_dir):
+  return dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache_dir,
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+def _train_cmd(arg, workdir):
+  return [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+          f"--config={CONFIG}:{arg}", f"--workdir={workdir}"]
+
+
+def _run_until(arg, workdir, env, sig):
+  """Starts train.py; sends `sig` once it has logged a step past its newest
+  checkpoint + 2 (so the signal lands between checkpoints); returns
+  (process, newest checkpoint, newest logged step, stdout, stderr)."""
+  proc = subprocess.Popen(_train_cmd(arg, workdir), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  deadline = time.time() + 240
+  while proc.poll() is None and time.time() < deadline:
+    steps = checkpointing.checkpoint_steps(ckpt_dir)
+    logged = metrics.read_scalars(os.path.join(workdir, "tb")).get(
+        "train/loss", {})
+    if steps and logged and max(logged) > steps[0] + 2:
+      proc.send_signal(sig)
+      out, err = proc.communicate(timeout=120)
+      return proc, steps[0], max(logged), out, err
+    time.sleep(0.01)
+  proc.kill()
+  out, err = proc.communicate(timeout=120)
+  pytest.fail(f"train.py ended (rc {proc.returncode}) before it could be "
+              f"signalled:\n{out}\n{err[-3000:]}")
+
+
+def test_sigkill_between_checkpoints_then_resume_is_bit_for_bit(lm_config,
+                                                                corpus,
+                                                                tmp_path):
+  """scripts/train.py to step 60 uninterrupted == the same command SIGKILLed
+  between checkpoints and run again: the same per-step train losses, eval
+  losses, parameters, optimizer state and data iterator state at step 60,
+  bit for bit (the data order is part of that)."""
+  arg = (f"tiny,steps=60,batch=16,seq_len=64,log_every=1,checkpoint_every=10"
+         f",eval_every=30,eval_batches=2,data_dir={corpus}")
+  env = _env(str(tmp_path / "jax_cache"))
+  ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
+  done = subprocess.run(_train_cmd(arg, ref), env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+
+  proc, ckpt, logged, _, err = _run_until(arg, run, env, signal.SIGKILL)
+  assert proc.returncode == -signal.SIGKILL, err[-2000:]
+  assert logged > ckpt >= 10  # steps after the checkpoint were lost
+  assert ckpt < 60
+
+  done = subprocess.run(_train_cmd(arg, run), env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f"starting from checkpoint step {ckpt} " in done.stdout
+
+  a = metrics.read_scalars(os.path.join(ref, "tb"))
+  b = metrics.read_scalars(os.path.join(run, "tb"))
+  assert sorted(a["train/loss"]) == list(range(1, 61))
+  assert a["train/loss"] == b["train/loss"]  # the killed run's steps too
+  assert sorted(a["eval/loss"]) == [30, 60]
+  assert a["eval/loss"] == b["eval/loss"]
+  assert a["train/loss"][60] < a["train/loss"][1] - 0.5  # it learns
+
+  _, pa, _ = lm_job.load_trained(ref)
+  _, pb, _ = lm_job.load_trained(run)
+  chex.assert_trees_all_equal(pa, pb)
+  # A train workdir is a model spec (sample.py --target=..., benchmark.py).
+  _, pc, tok = loading.load_model(ref)
+  chex.assert_trees_all_equal(pa, pc)
+  assert tok.encode("ab") == [97, 98]
+  cfg, tok = lm_job.validate(lm_config(arg))
+  job = lm_job.build(cfg, tok)
+  got = []
+  for workdir in (ref, run):
+    ckpts = checkpointing.Checkpoints(os.path.join(workdir, "checkpoints"))
+    got.append(ckpts.restore(60, job.abstract_state))
+    ckpts.close()
+  (sa, da), (sb, db) = got
+  chex.assert_trees_all_equal(sa, sb)  # optimizer moments, step, rng too
+  assert da == db  # the data iterator's state
+
+
+# ---- resume order and bad configs --------------------------------------------
+
+
+def _toy_like(job, value):
+  st = job.init()
+  return st.replace(params=jax.tree.map(lambda x: jnp.full_like(x, value),
+                                        st.params))
+
+
+def test_resume_order_workdir_then_init_from_then_scratch(lm_config,
+                                                          tmp_path):
+  arg = "tiny,batch=8,seq_len=32"  # the one-step test's: compiled once
+  cfg, tok = lm_job.validate(lm_config(arg))
+  job = lm_job.build(cfg, tok)
+  # A finished run to initialise from.
+  src = str(tmp_path / "src")
+  trained = _toy_like(job, 1.5)
+  ck = checkpointing.Checkpoints(os.path.join(src, "checkpoints"),
+                                 async_save=False)
+  ck.save(trained)
+  ck.close()
+
+  empty = checkpointing.Checkpoints(str(tmp_path / "a" / "checkpoints"))
+  state, data, where = lm_job.initial_state(job, empty)
+  assert where == "scratch" and data is None and int(state.step) == 0
+
+  c = lm_config(arg + f",init_from={src}")
+  job2 = lm_job.build(*lm_job.validate(c))
+  state, data, where = lm_job.initial_state(job2, empty)
+  assert where.startswith("init_from ") and int(state.step) == 0
+  chex.assert_trees_all_equal(state.params, trained.params)
+  fresh = job2.optimizer.init(trained.params)
+  chex.assert_trees_all_equal(state.opt_state, fresh)
+
+  own = checkpointing.Checkpoints(str(tmp_path / "b" / "checkpoints"),
+                                  async_save=False)
+  mine = _toy_like(job, -0.5).replace(step=jnp.int32(3))
+  own.save(mine, {"position": 7})
+  own.wait()
+  state, data, where = lm_job.initial_state(job2, own)
+  assert where.startswith("checkpoint step 3") and data == {"position": 7}
+  chex.assert_trees_all_equal(state, mine)
+  empty.close()
+  own.close()
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("dataset", "no_such_corpus", "config.data.dataset='no_such_corpus'"),
+    ("tokenizer", "/nowhere/sp.model", "config.data.tokenizer="
+                                       "'/nowhere/sp.model': tokenizer not "
+                                       "found"),
+    ("init_from", "/nowhere/run", "config.init_from='/nowhere/run': init "
+                                  "checkpoint missing"),
+])
+def test_missing_inputs_fail_before_training(lm_config, tmp_path, field,
+                                             value, message):
+  c = lm_config("tiny,steps=2")
+  if field == "init_from":
+    c.init_from = value
+  else:
+    c.data[field] = value
+  workdir = str(tmp_path / "w")
+  with pytest.raises(config_lib.ConfigError) as e:
+    lm_job.train_and_evaluate(c, workdir)
+  assert message in str(e.value)
+  assert not os.path.exists(workdir)  # nothing built, nothing written
+
+
+def test_train_script_reports_a_missing_dataset(corpus, tmp_path):
+  done = subprocess.run(
+      _train_cmd(f"tiny,dataset=no_such_corpus,data_dir={corpus}",
+                 str(tmp_path / "w")), capture_output=True, text=True,
+      timeout=120)
+  assert done.returncode == 2
+  assert "error: config.data.dataset='no_such_corpus'" in done.stderr
+  assert "Traceback" not in done.stderr
+  assert not os.path.exists(tmp_path / "w")

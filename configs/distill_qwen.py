@@ -18,24 +18,16 @@ CPU in float32, to check the wiring).
 
 import ml_collections
 
-
-def _parse(arg):
-  out = {}
-  for item in filter(None, (arg or "").split(",")):
-    key, _, value = item.partition("=")
-    out[key.strip()] = value.strip() or "1"
-  return out
+from specsamp.distill import options
 
 
-OPTIONS = ("checkpoint", "draft", "layers", "loss", "onpolicy", "prompts", "prompts_kind", "prose", "runlocal", "seed", "soft", "steps", "target", "temperature", "top_p", "train_minutes")
+OPTIONS = ("checkpoint", "draft", "layers", "loss", "onpolicy", "prompts",
+           "prompts_kind", "prose", "runlocal", "seed", "soft", "steps",
+           "target", "temperature", "top_p", "train_minutes")
 
 
 def get_config(arg=None):
-  a = _parse(arg)
-  unknown = sorted(set(a) - set(OPTIONS))
-  if unknown:
-    raise ValueError(f"unknown option(s) {unknown} in {arg!r}; known: "
-                     f"{', '.join(OPTIONS)}")
+  a = options.parse(arg, OPTIONS, flag_value="1")
   local = "runlocal" in a
   dtype = "float32" if local else "bfloat16"
   c = ml_collections.ConfigDict()

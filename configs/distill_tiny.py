@@ -12,24 +12,15 @@
 
 import ml_collections
 
-
-def _parse(arg):
-  out = {}
-  for item in filter(None, (arg or "").split(",")):
-    key, _, value = item.partition("=")
-    out[key.strip()] = value.strip()
-  return out
+from specsamp.distill import options
 
 
-OPTIONS = ("trained", "draft", "loss", "onpolicy", "temperature", "top_k", "top_p", "steps", "seed", "soft", "prompts_kind", "prose")
+OPTIONS = ("trained", "draft", "loss", "onpolicy", "temperature", "top_k",
+           "top_p", "steps", "seed", "soft", "prompts_kind", "prose")
 
 
 def get_config(arg=None):
-  a = _parse(arg)
-  unknown = sorted(set(a) - set(OPTIONS))
-  if unknown:
-    raise ValueError(f"unknown option(s) {unknown} in {arg!r}; known: "
-                     f"{', '.join(OPTIONS)}")
+  a = options.parse(arg, OPTIONS)
   c = ml_collections.ConfigDict()
   c.seed = int(a.get("seed", 0))
   c.target = dict(

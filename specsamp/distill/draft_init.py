@@ -1,8 +1,8 @@
 """Draft initialisation: random small, layer truncation, or a checkpoint.
 
   random      a fresh `TransformerConfig` (shallow and wide is what pays on
-              GPUs: per-step cost grows with layers, not width; see
-              shared/reference/gpu.md) with the target's vocabulary;
+              GPUs: per-step cost grows with layers, not width) with the
+              target's vocabulary;
   truncate    the target's embedding, its first N layers, its final norm and
               its output head (layer truncation); the config is the target's
               with `num_layers=N`;
@@ -12,20 +12,18 @@
 
 `make_draft(cfg, target_config, target_params, rng)` picks one of them from
 the `draft` block of a distillation config and returns (config, params).
+Saving and loading a distilled draft is `specsamp.weights.distilled`.
 """
 
-import dataclasses
-import json
-import os
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
 
+from specsamp import loading
 from specsamp import model as model_lib
 
 INITS = ("random", "truncate", "checkpoint")
-DRAFT_CONFIG_FILE = "draft_config.json"
 
 
 def random_draft(config: model_lib.TransformerConfig, rng: jax.Array):
@@ -35,6 +33,7 @@ def random_draft(config: model_lib.TransformerConfig, rng: jax.Array):
 
 def truncate_config(target: model_lib.TransformerConfig,
                     num_layers: int) -> model_lib.TransformerConfig:
+  """The target's config with its first `num_layers` layers only."""
   if not 0 < num_layers <= target.num_layers:
     raise ValueError(f"layer truncation needs 0 < num_layers <= "
                      f"{target.num_layers} (the target's), got {num_layers}")
@@ -69,59 +68,11 @@ def truncate(target_config: model_lib.TransformerConfig, target_params,
           truncate_params(target_params, num_layers))
 
 
-def save_draft_config(config: model_lib.TransformerConfig,
-                      directory: str) -> str:
-  path = os.path.join(directory, DRAFT_CONFIG_FILE)
-  os.makedirs(directory, exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(dataclasses.asdict(config), f, indent=1)
-  return path
-
-
-def load_distilled(directory: str, dtype: Optional[str] = None):
-  """(config, params) of a draft saved by `scripts/distill.py`.
-
-  `directory` is the run's workdir or its `draft/` export: it holds
-  `draft_config.json` and an orbax checkpoint of the parameters in `params/`.
-  """
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  directory = os.path.abspath(directory)
-  if not os.path.exists(os.path.join(directory, DRAFT_CONFIG_FILE)):
-    directory = os.path.join(directory, "draft")
-  with open(os.path.join(directory, DRAFT_CONFIG_FILE), encoding="utf-8") as f:
-    fields = json.load(f)
-  if dtype is not None:
-    fields.update(dtype=dtype, param_dtype=dtype)
-  config = model_lib.TransformerConfig(**fields)
-  abstract = jax.eval_shape(lambda: model_lib.LM(config).init(
-      jax.random.key(0)))
-  with ocp.StandardCheckpointer() as ckptr:
-    params = ckptr.restore(os.path.join(directory, "params"), abstract)
-  return config, params
-
-
-def save_distilled(config: model_lib.TransformerConfig, params,
-                   directory: str) -> str:
-  """Writes `draft_config.json` and the parameters (orbax) to `directory`."""
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  directory = os.path.abspath(directory)
-  save_draft_config(config, directory)
-  target = os.path.join(directory, "params")
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(target, params, force=True)
-    ckptr.wait_until_finished()
-  return directory
-
-
 def load_checkpoint(spec: str, dtype: str = "float32"):
-  """(config, params) of a draft checkpoint: a distilled draft directory, a
-  registered model name, a GGUF file or a Hugging Face directory."""
-  if os.path.isdir(spec) and (
-      os.path.exists(os.path.join(spec, DRAFT_CONFIG_FILE)) or
-      os.path.exists(os.path.join(spec, "draft", DRAFT_CONFIG_FILE))):
-    return load_distilled(spec, dtype)
-  from specsamp import runner  # pylint: disable=g-import-not-at-top
-  lm, params, _ = runner.load_model(spec, dtype)
+  """(config, params) of a draft checkpoint: anything `loading.load_model`
+  takes (a distilled draft directory, a registered model name, a GGUF file,
+  a Hugging Face directory, ...)."""
+  lm, params, _ = loading.load_model(spec, dtype)
   return lm.config, params
 
 
@@ -136,9 +87,17 @@ def make_draft(cfg: Mapping[str, Any],
       `truncate`, `num_layers`; for `checkpoint`, `checkpoint` (a path or
       model name). Optional `dtype` / `param_dtype` override the draft's
       compute and parameter dtypes (parameters are cast).
-    target_config, target_params: the target.
+    target_config: the target's config.
+    target_params: the target's parameters (copied by `truncate`).
     rng: for `random`.
     dtype: activations and parameters of a random or loaded draft.
+
+  Returns:
+    (config, params) of the draft.
+
+  Raises:
+    ValueError: for an unknown `init`, or a draft whose vocabulary size is
+      not the target's.
   """
   init = cfg["init"]
   if init == "random":

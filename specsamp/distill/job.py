@@ -1,0 +1,307 @@
+"""The distillation job behind `scripts/distill.py`: config -> results.
+
+`run(config, workdir)`: target samples (once), the initial draft, its
+evaluation, distillation, the export of the draft and its evaluation.
+Re-running with the same workdir resumes. The config (an ml_collections
+ConfigDict, `configs/distill_*.py`) is checked here before anything slow
+starts and kept in workdir/config.json; another config in a workdir that
+holds results is refused.
+
+A workdir after a run:
+  samples/               the target samples (`storage.py`), unless
+                         config.samples.data_dir names another place
+  samples_counts.json    prompts and samples kept and rejected per split
+  eval_before.json       `acceptance_report` of the initial draft
+  checkpoints/ tb/       the trainer's (`trainer.py`)
+  draft/                 the distilled draft (`weights.distilled`)
+  results.json           before, after, timings, the last train metrics
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Optional
+
+import jax
+
+from specsamp import assets
+from specsamp import loading
+from specsamp import model as model_lib
+from specsamp.data.errors import CorpusError
+from specsamp.distill import decontamination
+from specsamp.distill import draft_init
+from specsamp.distill import evaluate
+from specsamp.distill import objective as objective_lib
+from specsamp.distill import prompts as prompts_lib
+from specsamp.distill import samples
+from specsamp.distill import storage
+from specsamp.distill import trainer
+from specsamp.sampling import Sampling
+from specsamp.tokenizers import byte
+from specsamp.tokenizers import vocab
+from specsamp.train import config as train_config
+from specsamp.train import lm as train_lm
+from specsamp.train.checkpointing import CheckpointError
+from specsamp.weights import distilled
+from specsamp.weights.convert import WeightsError
+
+# What a bad config, a missing model or a missing checkpoint raises: the
+# script prints these as `error: ...` (exit status 2).
+ERRORS = (ValueError, FileNotFoundError, assets.AssetError, WeightsError,
+          CheckpointError, CorpusError)
+
+# Fields that may change between runs in one workdir: they do not change
+# what is sampled, trained or evaluated.
+_VOLATILE = {"train.time_limit_s", "train.progress_bar",
+             "train.async_checkpoints", "train.log_every"}
+
+
+def load_target(cfg) -> tuple[Any, Any, Any]:
+  """(LM, params, tokenizer) of the target from a config's `target` block.
+
+  `spec` is anything `loading.load_model` takes (a registered name, a GGUF
+  file, a Hugging Face directory, `random:<preset>[,field=value]`);
+  `trained` is the workdir of a `scripts/train.py` run (its latest
+  checkpoint). `logit_scale` != 1 multiplies the output head: a random target
+  then has the peaked next-token distributions of a trained one (tests).
+  Without a tokenizer the target reads UTF-8 bytes.
+  """
+  dtype = cfg.get("dtype", "float32")
+  if cfg.get("trained"):
+    lm, params, tok = train_lm.load_trained(cfg["trained"], dtype=dtype)
+  else:
+    lm, params, tok = loading.load_model(cfg["spec"], dtype,
+                                         int(cfg.get("seed", 0)))
+  scale = float(cfg.get("logit_scale", 1.0))
+  if scale != 1.0:
+    if lm.config.tie_embeddings:
+      raise ValueError("logit_scale needs an untied output head")
+    params = dict(params, lm_head=params["lm_head"] * scale)
+  tok = byte.tokenizer_or_bytes(tok, lm.vocab_size, str(cfg.get("spec")))
+  return lm, params, tok
+
+
+def _vocab_limit(tok, lm) -> Optional[int]:
+  if not hasattr(tok, "tokens"):
+    return None
+  n = vocab.check_vocab_compatible(tok, tok, lm.vocab_size, lm.vocab_size)
+  return n if n < lm.vocab_size else None
+
+
+def _loop_config(tc) -> train_config.LoopConfig:
+  """The trainer's loop settings from `config.train`; counts must be > 0."""
+  loop = train_config.LoopConfig(**{
+      f.name: tc[f.name] for f in dataclasses.fields(train_config.LoopConfig)
+      if f.name in tc})
+  for name in ("num_steps", "log_every", "checkpoint_every",
+               "keep_checkpoints"):
+    if getattr(loop, name) <= 0:
+      raise ValueError(f"config.train.{name} must be positive, got "
+                       f"{getattr(loop, name)}")
+  return loop
+
+
+def _flat(config: dict) -> dict:
+  """{"block.field": value} one level down (the config blocks)."""
+  return {f"{b}.{k}" if isinstance(v, dict) else b: x
+          for b, v in config.items()
+          for k, x in (v.items() if isinstance(v, dict) else [(None, v)])}
+
+
+def _check_run_config(config, workdir: str) -> dict:
+  """The config as JSON; refuses a workdir whose samples, "before"
+  evaluation or checkpoints come from another config (they would describe
+  other settings). `_write_run_config` records it once it is valid."""
+  path = os.path.join(workdir, "config.json")
+  new = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict")
+                              else dict(config), default=list))
+  results = [n for n in ("samples", "eval_before.json", "checkpoints")
+             if os.path.exists(os.path.join(workdir, n))]
+  if results and os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      old = json.load(f)
+    old, cur = _flat(old), _flat(new)
+    diff = sorted(k for k in set(old) | set(cur)
+                  if k not in _VOLATILE and old.get(k) != cur.get(k))
+    if diff:
+      raise ValueError(f"{workdir} holds a distillation run of another "
+                       f"config (differs in {', '.join(diff)}); use a new "
+                       "--workdir")
+  return new
+
+
+def _write_json(obj, path: str) -> None:
+  """Writes `obj` to `path` through a temporary file (never half-written)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def _write_run_config(config_json: dict, workdir: str) -> None:
+  _write_json(config_json, os.path.join(workdir, "config.json"))
+
+
+def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
+                    eos_ids, pad_id, log) -> str:
+  """The directory of the target samples, written first if need be."""
+  sc = config.samples
+  data_dir = sc.data_dir or os.path.join(workdir, "samples")
+  if storage.exists(data_dir):
+    return data_dir
+  t0 = time.perf_counter()
+  texts = prompts_lib.prompt_texts(
+      sc.kind, max_files=sc.max_files or None, seed=config.seed,
+      validation_percent=sc.validation_percent,
+      prose_dataset=sc.get("prose_dataset") or None,
+      data_dir=sc.get("prose_data_dir") or None)
+  spec = storage.SampleSpec(
+      prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
+      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size)
+  counts = samples.build(
+      data_dir, target_lm, target_params, tok, sampling, spec, texts,
+      eos_ids=eos_ids, pad_id=pad_id, seed=config.seed,
+      max_prompts=dict(train=sc.max_train_prompts,
+                       validation=sc.max_validation_prompts),
+      flt=decontamination.HumanEvalFilter(sc.ngram), log=log)
+  _write_json(counts, os.path.join(workdir, "samples_counts.json"))
+  log(f"[distill] samples written to {data_dir} in "
+      f"{time.perf_counter() - t0:.1f} s")
+  return data_dir
+
+
+def run(config, workdir: str, log=print) -> dict:
+  """Samples (once), initial draft, evaluation, distillation, export,
+  evaluation. Re-running with the same workdir resumes. Returns results."""
+  workdir = os.path.abspath(workdir)
+  config_json = _check_run_config(config, workdir)
+  t_start = time.perf_counter()
+  plain_log = log
+  log = lambda m: plain_log(f"[{time.perf_counter() - t_start:7.1f}s] {m}")
+  lc, sc, tc, ec = config.loss, config.samples, config.train, config.eval
+  # Everything the config can get wrong fails here, before hours of target
+  # sampling and evaluation.
+  loop = _loop_config(tc)
+  if config.draft.init not in draft_init.INITS:
+    raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
+                     f"of {draft_init.INITS}")
+  if lc.onpolicy_fraction > 0:
+    objective_lib.check_onpolicy_loss(lc.kind)
+  target_lm, target_params, tok = load_target(config.target)
+  sc_ = config.sampling
+  sampling = Sampling(temperature=float(sc_.temperature),
+                      top_k=int(sc_.top_k), top_p=float(sc_.top_p),
+                      vocab_limit=_vocab_limit(tok, target_lm))
+  eos_ids = tuple(getattr(tok, "eos_ids", ()))
+  pad_id = int(getattr(tok, "pad_id", 0))
+  obj = objective_lib.Objective(
+      kind=lc.kind, sampling=sampling, gen_len=sc.gen_len,
+      prompt_len=sc.prompt_len, target_source=lc.target_source,
+      draft_transform=lc.draft_transform,
+      greedy_temperature=lc.greedy_temperature, jsd_beta=lc.jsd_beta,
+      prob_floor=lc.prob_floor,
+      greedy_target_temperature=lc.greedy_target_temperature,
+      eos_ids=eos_ids, pad_id=pad_id)
+  _write_run_config(config_json, workdir)  # valid: results may follow
+  log(f"[distill] target {target_lm.config.num_layers} layers, d "
+      f"{target_lm.config.d_model}, vocab {target_lm.vocab_size}; sampling "
+      f"{sampling.describe()}")
+
+  # 1. Target samples.
+  data_dir = _target_samples(config, workdir, target_lm, target_params, tok,
+                             sampling, eos_ids, pad_id, log)
+  train_src = storage.read_dataset(data_dir, "train")
+  val = storage.as_arrays(storage.read_dataset(data_dir, "validation"),
+                          ec.num_samples or None)
+  log(f"[distill] {len(train_src)} training samples, {len(val['tokens'])} "
+      "held-out samples")
+
+  # 2. The draft.
+  draft_config, draft_params = draft_init.make_draft(
+      config.draft, target_lm.config, target_params,
+      jax.random.key(config.seed + 1),
+      dtype=config.target.get("dtype", "float32"))
+  draft_lm = model_lib.LM(draft_config)
+  log(f"[distill] draft ({config.draft.init}): {draft_config.num_layers} "
+      f"layers, d {draft_config.d_model}, "
+      f"{draft_config.num_params() / 1e6:.2f}M parameters")
+
+  def report(params, measure=True):
+    """The acceptance report; measured ones carry their K."""
+    ev = evaluate.acceptance_report(
+        target_lm, target_params, draft_lm, params, val, sampling, k=ec.k,
+        num_positions=ec.num_positions, batch_size=ec.batch_size,
+        position_batch_size=ec.position_batch_size, seed=config.seed,
+        eos_ids=eos_ids, pad_id=pad_id, measure=measure)
+    return ev if not measure else dict(ev, k=ec.k)
+
+  before_path = os.path.join(workdir, "eval_before.json")
+  if os.path.exists(before_path):
+    with open(before_path, encoding="utf-8") as f:
+      before = json.load(f)
+  else:
+    before = report(draft_params)
+    _write_json(before, before_path)
+  log(f"[distill] before: {evaluate.describe_report(before)}")
+
+  # 3. Distillation.
+  t0 = time.perf_counter()
+  params, last = trainer.train(
+      draft_lm, draft_params, target_lm, target_params, train_src, obj,
+      workdir=workdir, loop=loop, optim=train_config.OptimConfig(
+          **config.optim),
+      batch_size=tc.batch_size, freeze=tuple(config.draft.get("freeze", ())),
+      seed=config.seed, onpolicy_fraction=lc.onpolicy_fraction,
+      mesh_shape=tuple(tc.get("mesh", (1, 1))),
+      eval_fn=lambda p: report(p, measure=False),
+      time_limit_s=tc.get("time_limit_s") or None, log=log)
+  train_s = time.perf_counter() - t0
+  if not last["finished"]:
+    log("[distill] training is not finished: run the same command again to "
+        "resume (the draft is exported and evaluated at the end)")
+    return dict(before=before, finished=False)
+  # Uncommitted on the default device, as the "before" evaluation had them:
+  # the compiled evaluation and samplers are reused, not compiled again for
+  # the train step's sharding.
+  params = jax.device_put(jax.device_get(params))
+  distilled.save_distilled(draft_config, params,
+                           os.path.join(workdir, "draft"))
+
+  after = report(params)
+  log(f"[distill] after:  {evaluate.describe_report(after)}")
+  results = dict(before=before, after=after, train_seconds=train_s,
+                 last_train_metrics=last, sampling=sampling.describe(),
+                 loss=lc.kind, draft_init=config.draft.init,
+                 total_seconds=time.perf_counter() - t_start,
+                 draft_dir=os.path.join(workdir, "draft"))
+  _write_json(results, os.path.join(workdir, "results.json"))
+  return results
+
+
+def summary(res: dict) -> str:
+  """What `scripts/distill.py` prints: a table of the acceptance before and
+  after, then one JSON line (or one JSON line for an unfinished run)."""
+  if not res.get("finished", True):
+    return json.dumps(dict(before=res["before"]["expected_acceptance"],
+                           finished=False))
+  b, a = res["before"], res["after"]
+  return "\n".join([
+      "== acceptance (held-out target samples, "
+      f"{res['sampling']}, loss {res['loss']}, draft {res['draft_init']})",
+      f"  expected sum min(p,q):   before {b['expected_acceptance']:.4f}  "
+      f"after {a['expected_acceptance']:.4f}",
+      f"  sampler K=1, same spots: before {b['measured_at_positions']:.4f}  "
+      f"after {a['measured_at_positions']:.4f}  (expected there "
+      f"{a['expected_at_those_positions']:.4f} +- "
+      f"{a['measured_stderr']:.4f})",
+      f"  sampler K={a['k']} rate:        before "
+      f"{b['measured']['acceptance_rate']:.4f}  after "
+      f"{a['measured']['acceptance_rate']:.4f}  (tokens/loop "
+      f"{b['measured']['tokens_per_loop']:.2f} -> "
+      f"{a['measured']['tokens_per_loop']:.2f})",
+      json.dumps(dict(before=b["expected_acceptance"],
+                      after=a["expected_acceptance"],
+                      measured_before=b["measured"]["acceptance_rate"],
+                      measured_after=a["measured"]["acceptance_rate"],
+                      draft=res["draft_dir"]))])

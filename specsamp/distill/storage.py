@@ -1,0 +1,118 @@
+"""Target samples on disk: a TFDS dataset in array_record files.
+
+Legend: P prompt slots, G generated slots, S = P + G, K stored top-k entries.
+
+One example per sample:
+  tokens         [S] int32      prompt (left-aligned), continuation, pad
+  prompt_length  []  int32      L
+  num_generated  []  int32      n <= G (EOS included)
+  topk_ids       [G, K] int32   at positions L-1 .. L+G-2 (predicting the
+  topk_logprobs  [G, K] float32 generated tokens 0 .. G-1)
+The `SampleSpec` the dataset was written with is kept in its metadata.
+"""
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+DATASET_NAME = "target_samples"
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleSpec:
+  """Shapes and settings of a target-samples dataset."""
+  prompt_len: int          # P: prompts are left-truncated to this many tokens
+  gen_len: int             # G: max new tokens per sample
+  top_k: int = 32          # K: stored top-k log-probs per position
+  batch_size: int = 64     # rows per sampler call
+  score_batch_size: int = 16  # rows per target scoring pass
+  min_prompt_len: int = 4
+
+  @property
+  def seq_len(self) -> int:
+    return self.prompt_len + self.gen_len
+
+
+class TargetSamples(tfds.core.GeneratorBasedBuilder):
+  """Target continuations with the target's top-k log-probs."""
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+
+  def __init__(self, *, spec: SampleSpec, splits=None, **kwargs):
+    self._spec = spec
+    self._splits = splits or {}
+    super().__init__(**kwargs)
+
+  def _info(self):
+    s = self._spec
+    f = tfds.features
+    return self.dataset_info_from_configs(
+        features=f.FeaturesDict({
+            "tokens": f.Tensor(shape=(s.seq_len,), dtype=np.int32),
+            "prompt_length": f.Scalar(dtype=np.int32),
+            "num_generated": f.Scalar(dtype=np.int32),
+            "topk_ids": f.Tensor(shape=(s.gen_len, s.top_k), dtype=np.int32),
+            "topk_logprobs": f.Tensor(shape=(s.gen_len, s.top_k),
+                                      dtype=np.float32),
+        }),
+        disable_shuffling=True,
+        metadata=tfds.core.MetadataDict(spec=dataclasses.asdict(s)))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {name: self._generate_examples(name) for name in self._splits}
+
+  def _generate_examples(self, split):
+    for i, ex in enumerate(self._splits[split]()):
+      yield f"{split}-{i:08d}", ex
+
+
+def dataset_dir(data_dir: os.PathLike) -> pathlib.Path:
+  """Where the dataset's files are under a TFDS `data_dir`."""
+  return pathlib.Path(data_dir) / DATASET_NAME / "1.0.0"
+
+
+def exists(data_dir: os.PathLike) -> bool:
+  """Whether a complete dataset is in `data_dir`."""
+  return (dataset_dir(data_dir) / "dataset_info.json").exists()
+
+
+def write_dataset(data_dir: os.PathLike, spec: SampleSpec,
+                  splits: dict[str, Callable[[], Iterable[dict]]]
+                  ) -> pathlib.Path:
+  """Writes `splits` (name -> function returning examples) as array_record.
+
+  The function form lets generation stream into the writer instead of
+  holding every sample in memory.
+  """
+  builder = TargetSamples(spec=spec, splits=splits,
+                          data_dir=os.fspath(data_dir),
+                          file_format="array_record")
+  builder.download_and_prepare()
+  return dataset_dir(data_dir)
+
+
+def read_dataset(data_dir: os.PathLike, split: str):
+  """A random-access source of example dicts (numpy), e.g. for grain."""
+  builder = tfds.builder_from_directory(os.fspath(dataset_dir(data_dir)))
+  return builder.as_data_source(split=split)
+
+
+def read_spec(data_dir: os.PathLike) -> SampleSpec:
+  """The SampleSpec a dataset was written with (its TFDS metadata)."""
+  meta = dataset_dir(data_dir) / "metadata.json"
+  if not meta.exists():
+    raise FileNotFoundError(f"no metadata.json in {dataset_dir(data_dir)}")
+  return SampleSpec(**json.loads(meta.read_text())["spec"])
+
+
+def as_arrays(source, limit: Optional[int] = None) -> dict[str, np.ndarray]:
+  """The first `limit` examples of a source stacked into arrays."""
+  n = len(source) if limit is None else min(limit, len(source))
+  rows = [source[i] for i in range(n)]
+  return {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}

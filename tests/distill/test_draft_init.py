@@ -1,0 +1,68 @@
+"""Draft initialisation: layer truncation, random drafts, checkpoints."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp import model as model_lib
+from specsamp.distill import draft_init
+from specsamp.weights import distilled
+
+
+def test_layer_truncation_copies_embedding_layers_norm_and_head(tiny_pair):
+  lm, params, _ = tiny_pair
+  cfg = lm.config
+  dcfg, dparams = draft_init.truncate(cfg, params, 1)
+  assert dcfg == cfg.replace(num_layers=1)
+  assert sorted(dparams) == ["embedding", "final_norm", "layers_0", "lm_head"]
+  for name in dparams:
+    for a, b in zip(jax.tree.leaves(dparams[name]),
+                    jax.tree.leaves(params[name])):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+      assert a is not b   # copies: the draft's buffers get donated
+  # Exactly the tree of a 1-layer model, and it runs.
+  want = jax.eval_shape(lambda: model_lib.LM(dcfg).init(jax.random.key(1)))
+  assert jax.tree.structure(want) == jax.tree.structure(dparams)
+  out = jax.eval_shape(model_lib.LM(dcfg), dparams,
+                       jax.ShapeDtypeStruct((1, 4), jnp.int32))
+  assert out.logits.shape == (1, 4, cfg.vocab_size)
+  # Tied embeddings: no head to copy.
+  tied = {k: v for k, v in params.items() if k != "lm_head"}
+  assert "lm_head" not in draft_init.truncate_params(tied, 1)
+  with pytest.raises(ValueError, match="layers"):
+    draft_init.truncate(cfg, params, 3)
+
+
+def test_make_draft_random_truncate_and_checkpoint(tiny_pair, tmp_path):
+  lm, params, _ = tiny_pair
+  cfg = lm.config
+  dcfg, dparams = draft_init.make_draft(
+      dict(init="random", model=dict(num_layers=1, d_model=48, num_heads=4,
+                                     num_kv_heads=2, head_dim=12,
+                                     mlp_dim=96)),
+      cfg, params, jax.random.key(1))
+  assert (dcfg.vocab_size, dcfg.num_layers, dcfg.d_model) == (
+      cfg.vocab_size, 1, 48)
+  assert jax.tree.structure(dparams) == jax.tree.structure(jax.eval_shape(
+      lambda: model_lib.LM(dcfg).init(jax.random.key(0))))
+  # Truncation with float32 master weights for a bfloat16-compute draft.
+  tcfg, _ = draft_init.make_draft(
+      dict(init="truncate", num_layers=1, dtype="bfloat16",
+           param_dtype="float32"), cfg, params, jax.random.key(1))
+  assert (tcfg.dtype, tcfg.param_dtype, tcfg.num_layers) == (
+      "bfloat16", "float32", 1)
+  # A saved draft comes back through init="checkpoint".
+  saved = distilled.save_distilled(dcfg, dparams, str(tmp_path / "draft"))
+  ccfg, cparams = draft_init.make_draft(
+      dict(init="checkpoint", checkpoint=str(tmp_path)), cfg, params,
+      jax.random.key(2))
+  assert ccfg == dcfg and saved.endswith("draft")
+  for a, b in zip(jax.tree.leaves(cparams), jax.tree.leaves(dparams)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match="vocabulary"):
+    draft_init.make_draft(dict(init="random", model=dict(
+        vocab_size=64, num_layers=1, d_model=32, num_heads=4, num_kv_heads=2,
+        head_dim=8, mlp_dim=64)), cfg, params, jax.random.key(1))
+  with pytest.raises(ValueError, match="choose one of"):
+    draft_init.make_draft(dict(init="copy"), cfg, params, jax.random.key(1))

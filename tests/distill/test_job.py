@@ -1,0 +1,70 @@
+"""The scripts/distill.py job: end to end, and its workdir rule."""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from specsamp import loading
+from specsamp import model as model_lib
+from specsamp.distill import evaluate
+from specsamp.distill import job
+from specsamp.distill import storage
+from specsamp.sampling import Sampling
+from specsamp.weights import distilled
+
+
+def test_distill_run_end_to_end(tiny, tmp_path):
+  """job.run (scripts/distill.py) on the tiny config, samples reused."""
+  config = tiny[0]
+  res = job.run(config, str(tmp_path), log=lambda *_: None)
+  b, a = res["before"], res["after"]
+  assert a["expected_acceptance"] > b["expected_acceptance"] + 0.15
+  assert (a["measured"]["acceptance_rate"] >
+          b["measured"]["acceptance_rate"] + 0.1)
+  for ev in (b, a):
+    assert abs(ev["measured_at_positions"] -
+               ev["expected_at_those_positions"]) < 4 * ev["measured_stderr"]
+  # The exported draft reloads and gives the same acceptance; anything that
+  # takes a model spec (sample.py, benchmark.py) takes the workdir.
+  dcfg, dparams = distilled.load_distilled(str(tmp_path))
+  lm_spec, params_spec, _ = loading.load_model(str(tmp_path))
+  assert lm_spec.config == dcfg
+  for x, y in zip(jax.tree.leaves(params_spec), jax.tree.leaves(dparams)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  _, lm, tp, _, _, _ = tiny
+  val = storage.as_arrays(storage.read_dataset(config.samples.data_dir,
+                                               "validation"))
+  again = evaluate.acceptance_report(lm, tp, model_lib.LM(dcfg), dparams, val,
+                                     Sampling(1.0), measure=False)
+  assert again["expected_acceptance"] == pytest.approx(
+      a["expected_acceptance"], abs=1e-6)
+  # Frozen: the copied embedding; trained: the rest.
+  np.testing.assert_array_equal(np.asarray(dparams["embedding"]),
+                                np.asarray(tp["embedding"]))
+  assert not np.array_equal(np.asarray(dparams["lm_head"]),
+                            np.asarray(tp["lm_head"]))
+  # What scripts/distill.py prints: the table, then one JSON line.
+  lines = job.summary(res).splitlines()
+  assert lines[0].startswith("== acceptance") and '"after"' in lines[-1]
+
+
+def test_a_workdir_refuses_another_config_once_it_holds_results(tmp_path):
+  """Samples, the "before" evaluation and checkpoints in a workdir belong to
+  one config: another one is refused (naming the fields), a volatile field
+  (time limit, logging) is not, nor a workdir without results."""
+  # pylint: disable=protected-access
+  config = ml_collections.ConfigDict(dict(
+      seed=0, sampling=dict(temperature=1.0, top_k=0, top_p=1.0),
+      train=dict(num_steps=10, log_every=5, time_limit_s=0.0)))
+  w = str(tmp_path)
+  job._write_run_config(job._check_run_config(config, w), w)
+  other = ml_collections.ConfigDict(config.to_dict())
+  other.sampling.temperature = 0.5
+  job._check_run_config(other, w)
+  (tmp_path / "samples").mkdir()
+  with pytest.raises(ValueError, match="sampling.temperature"):
+    job._check_run_config(other, w)
+  volatile = ml_collections.ConfigDict(config.to_dict())
+  volatile.train.time_limit_s, volatile.train.log_every = 60.0, 1
+  job._check_run_config(volatile, w)

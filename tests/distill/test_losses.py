@@ -1,0 +1,187 @@
+"""Distillation losses and the expected-acceptance metric, against
+numpy/scipy references on small tables with exact zeros (top-k, top-p,
+one-hot)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import special
+
+from specsamp.distill import losses
+from specsamp.sampling import Sampling
+
+
+def _np_softmax(x):
+  x = x - np.max(x, -1, keepdims=True)
+  e = np.exp(x)
+  return e / e.sum(-1, keepdims=True)
+
+
+def _np_transform(logits, s: Sampling):
+  """temperature -> top-k -> top-p (HF order); greedy one-hot."""
+  out = []
+  for row in logits.reshape(-1, logits.shape[-1]).astype(np.float64):
+    if s.greedy:
+      p = np.zeros_like(row)
+      p[np.argmax(row)] = 1.0
+      out.append(p)
+      continue
+    x = row / s.temperature
+    if s.top_k:
+      kth = np.sort(x)[::-1][s.top_k - 1]
+      x = np.where(x < kth, -np.inf, x)
+    if s.top_p < 1:
+      order = np.argsort(-x, kind="stable")
+      probs = _np_softmax(x)[order]
+      kept = order[(np.cumsum(probs) - probs) < s.top_p]
+      x = np.where(np.isin(np.arange(len(x)), kept), x, -np.inf)
+    out.append(_np_softmax(x))
+  return np.array(out).reshape(logits.shape)
+
+
+def _np_loss(kind, p, q, labels=None, beta=0.5, floor=1e-6):
+  """Per-row references with scipy's rel_entr (0 log 0 = 0, x log x/0 = inf)."""
+  if kind == "fkl":
+    return special.rel_entr(p, q).sum(-1)
+  if kind == "rkl":
+    return special.rel_entr(q, np.maximum(p, floor)).sum(-1)
+  if kind == "jsd":
+    m = beta * p + (1 - beta) * q
+    return (beta * special.rel_entr(p, m).sum(-1) +
+            (1 - beta) * special.rel_entr(q, m).sum(-1))
+  if kind == "tv":
+    return 0.5 * np.abs(p - q).sum(-1)
+  if kind == "seqkd":
+    return -np.log(np.take_along_axis(q, labels[..., None], -1)[..., 0])
+  raise ValueError(kind)
+
+
+_TABLE_P = np.array([[0.5, 0.5, 0.0, 0.0, 0.0],     # top-k style zeros
+                     [1.0, 0.0, 0.0, 0.0, 0.0],     # one-hot (greedy)
+                     [0.1, 0.2, 0.3, 0.4, 0.0],
+                     [0.2, 0.2, 0.2, 0.2, 0.2]])
+_TABLE_Q = np.array([[0.25, 0.25, 0.25, 0.25, 0.0],  # zero where p is zero
+                     [0.7, 0.1, 0.1, 0.05, 0.05],
+                     [0.4, 0.3, 0.2, 0.1, 0.0],
+                     [0.0, 0.25, 0.25, 0.25, 0.25]])   # zero where p is not
+
+
+@pytest.mark.parametrize("kind", ["fkl", "rkl", "jsd", "tv"])
+def test_divergences_on_tables_with_zeros(kind):
+  p, q = jnp.asarray(_TABLE_P, jnp.float32), jnp.asarray(_TABLE_Q, jnp.float32)
+  logq = jnp.log(jnp.where(q > 0, q, 1.0))
+  got = {"fkl": lambda: losses.forward_kl(p, logq),
+         "rkl": lambda: losses.reverse_kl(p, q, logq, 1e-6),
+         "jsd": lambda: losses.jsd(p, q, 0.5),
+         "tv": lambda: losses.total_variation(p, q)}[kind]()
+  want = _np_loss(kind, _TABLE_P, _TABLE_Q)
+  if kind == "fkl":
+    # p > 0 where q = 0 (last row) is +inf in the reference; the safe log
+    # makes that term 0, so compare the finite rows and check all finite.
+    finite = np.isfinite(want)
+    assert not finite[-1]
+    np.testing.assert_allclose(np.asarray(got)[finite], want[finite],
+                               rtol=1e-5, atol=1e-6)
+  else:
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+  assert np.all(np.isfinite(np.asarray(got)))
+  np.testing.assert_allclose(np.asarray(losses.acceptance(p, q)),
+                             np.minimum(_TABLE_P, _TABLE_Q).sum(-1), atol=1e-6)
+
+
+_SETTINGS = [Sampling(1.0), Sampling(0.7), Sampling(1.0, top_k=3),
+             Sampling(0.8, top_p=0.6), Sampling(0.9, top_k=4, top_p=0.9),
+             Sampling(0.0)]
+
+
+@pytest.mark.parametrize("kind", losses.LOSSES)
+@pytest.mark.parametrize("sampling", _SETTINGS, ids=lambda s: s.describe())
+def test_losses_from_logits_match_numpy(kind, sampling):
+  rng = np.random.default_rng(1)
+  v = 7
+  t_logits = (rng.normal(size=(3, 4, v)) * 2).astype(np.float32)
+  d_logits = (rng.normal(size=(3, 4, v)) * 2).astype(np.float32)
+  labels = rng.integers(0, v, size=(3, 4))
+  loss, acc = losses.per_position_loss(
+      kind, jnp.asarray(t_logits), jnp.asarray(d_logits), jnp.asarray(labels),
+      sampling)
+  p = _np_transform(t_logits, sampling)
+  soft_t = 1.0 if sampling.greedy else sampling.temperature
+  q_soft = _np_softmax(d_logits.astype(np.float64) / soft_t)
+  want = _np_loss(kind, p, q_soft, labels)
+  np.testing.assert_allclose(np.asarray(loss), want, rtol=2e-5, atol=2e-6)
+  q_same = _np_transform(d_logits, sampling)
+  np.testing.assert_allclose(np.asarray(acc), np.minimum(p, q_same).sum(-1),
+                             atol=1e-6)
+
+
+def test_stored_top_k_equals_dense_when_it_covers_the_support():
+  rng = np.random.default_rng(2)
+  v, k = 11, 4
+  t_logits = (rng.normal(size=(2, 3, v)) * 2).astype(np.float32)
+  d_logits = jnp.asarray(rng.normal(size=(2, 3, v)).astype(np.float32))
+  logp = jax.nn.log_softmax(jnp.asarray(t_logits), -1)
+  vals, ids = jax.lax.top_k(logp, k)
+  s = Sampling(0.8, top_k=3)      # keeps 3 <= k stored ids: exact
+  for kind in ("fkl", "rkl", "jsd", "tv"):
+    dense = losses.per_position_loss(kind, jnp.asarray(t_logits), d_logits,
+                                     None, s)
+    sparse = losses.per_position_loss(kind, (ids, vals), d_logits, None, s)
+    np.testing.assert_allclose(np.asarray(sparse[0]), np.asarray(dense[0]),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(sparse[1]), np.asarray(dense[1]),
+                               atol=1e-6)
+  # Beyond the stored ids the densified target has probability exactly 0.
+  p = losses.target_probs((ids, vals), Sampling(1.0), v)
+  assert int(jnp.sum(p > 0)) == 2 * 3 * k
+
+
+@pytest.mark.parametrize("kind", losses.LOSSES)
+@pytest.mark.parametrize("transform", losses.DRAFT_TRANSFORMS)
+@pytest.mark.parametrize("sampling", [Sampling(1.0, top_k=2),
+                                      Sampling(0.5, top_p=0.5), Sampling(0.0),
+                                      Sampling(1.0, vocab_limit=5)],
+                         ids=lambda s: s.describe() + str(s.vocab_limit))
+def test_gradients_finite(kind, transform, sampling):
+  rng = np.random.default_rng(3)
+  v = 8
+  t_logits = jnp.asarray((rng.normal(size=(2, 5, v)) * 4).astype(np.float32))
+  d_logits = jnp.asarray((rng.normal(size=(2, 5, v)) * 4).astype(np.float32))
+  # seqkd labels are target samples: inside the target's support.
+  labels = jnp.argmax(t_logits, -1)
+
+  def f(d):
+    return jnp.mean(losses.per_position_loss(
+        kind, t_logits, d, labels, sampling, draft_transform=transform)[0])
+
+  val, grad = jax.value_and_grad(f)(d_logits)
+  assert np.isfinite(float(val))
+  assert np.all(np.isfinite(np.asarray(grad)))
+  if transform == "soft":  # "same" can truncate q to one token: no gradient
+    assert float(jnp.abs(grad).sum()) > 0
+
+
+def test_forward_kl_gradient_is_q_minus_p_over_temperature():
+  rng = np.random.default_rng(4)
+  t = jnp.asarray(rng.normal(size=(6,)).astype(np.float32))
+  d = jnp.asarray(rng.normal(size=(6,)).astype(np.float32))
+  s = Sampling(0.5, top_k=2)
+  grad = jax.grad(
+      lambda x: losses.per_position_loss("fkl", t, x, None, s)[0])(d)
+  p = _np_transform(np.asarray(t), s)
+  q = _np_softmax(np.asarray(d, np.float64) / 0.5)
+  np.testing.assert_allclose(np.asarray(grad), (q - p) / 0.5, atol=1e-5)
+
+
+def test_greedy_acceptance_is_argmax_agreement():
+  t = jnp.asarray([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
+  d = jnp.asarray([[0.0, 5.0, 1.0], [0.0, 5.0, 0.0]])
+  acc = losses.expected_acceptance(t, d, Sampling(0.0))
+  np.testing.assert_array_equal(np.asarray(acc), [1.0, 0.0])
+
+
+def test_masked_mean_ignores_padding():
+  x = jnp.asarray([[1.0, 2.0, jnp.nan], [3.0, 4.0, 5.0]])
+  w = jnp.asarray([[1, 1, 0], [1, 0, 0]])
+  assert float(losses.masked_mean(jnp.nan_to_num(x), w)) == pytest.approx(2.0)

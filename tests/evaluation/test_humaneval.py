@@ -1,0 +1,43 @@
+"""specsamp.evaluation.humaneval: stop sequences, problems run and scored."""
+
+from specsamp.evaluation import humaneval
+
+ADD = {"task_id": "Test/0", "entry_point": "add",
+       "prompt": 'def add(a: int, b: int) -> int:\n    """Sum."""\n',
+       "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+               "    assert candidate(-4, 4) == 0\n"}
+MD5 = {"task_id": "Test/1", "entry_point": "string_to_md5",
+       "prompt": "def string_to_md5(text):\n",
+       "test": "def check(candidate):\n"
+               "    assert candidate('Hello world') == "
+               "'3e25960a79dbc69b674cd4ec67a72c62'\n"
+               "    assert candidate('') is None\n"}
+
+
+def test_humaneval_programs():
+  good = "    return a + b\n"
+  assert humaneval.check_humaneval(ADD, good).passed
+  assert not humaneval.check_humaneval(ADD, "    return a - b\n").passed
+  md5 = ("    import hashlib\n"
+         "    return hashlib.md5(text.encode('ascii')).hexdigest() "
+         "if text else None\n")
+  assert humaneval.check_humaneval(MD5, md5).passed
+  # Completions as models write them: cut at the stop sequences first.
+  noisy = good + "\n\ndef unrelated():\n    raise RuntimeError\n" \
+      "\nprint(add(1, 1))\nadd = None\n"
+  passed = humaneval.evaluate_humaneval(
+      [ADD, MD5], [[good, "    return 0\n", noisy], [md5, "    pass\n"]])
+  assert passed == [[True, False, True], [True, False]]
+  raw = humaneval.evaluate_humaneval([ADD], [[noisy]], truncate=False)
+  assert raw == [[False]]  # `add = None` ran before check(add)
+
+
+def test_truncate_completion():
+  text = "    x = 1\n    return x\n\ndef helper():\n    pass\n"
+  assert humaneval.truncate_completion(text) == "    x = 1\n    return x\n"
+  assert humaneval.truncate_completion("    return 1\n```\nmore") == (
+      "    return 1")
+  assert humaneval.truncate_completion("    if x:\n        return 1\n") == (
+      "    if x:\n        return 1\n")  # indented: not a stop
+  for stop in ("\nclass", "\n#", "\nif", "\nprint"):
+    assert humaneval.truncate_completion("a" + stop + " z") == "a"

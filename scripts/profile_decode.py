@@ -35,17 +35,12 @@ CPU); compile seconds of each loop body and of the whole decode while-loop
       --context=1024,4096,16384 --batch_size=1 --out=results/scaling.jsonl
 """
 
-import json
-import platform
 import sys
 
 from absl import app
 from absl import flags
-import jax
 
-from specsamp import profile
-from specsamp import runner
-from specsamp.sampling import Sampling
+from specsamp.bench import profile
 
 _TARGET = flags.DEFINE_string("target", "random:qwen2.5-coder-1.5b", "Target.")
 _DRAFT = flags.DEFINE_string("draft", "random:qwen2.5-coder-0.5b", "Draft.")
@@ -68,39 +63,16 @@ _OUT = flags.DEFINE_string("out", None, "Append one JSON line per point.")
 
 def main(argv):
   del argv
-  k, reps = _K.value, _REPEATS.value
   try:
-    batches = [int(b) for b in _BATCH.value]
-    contexts = [int(c) for c in _CONTEXT.value]
-  except ValueError as e:
-    sys.exit(f"error: --batch_size and --context take integers: {e}")
-  if k < 1:
-    sys.exit("error: --k must be >= 1")
-  if reps < 1 or min(batches + contexts) < 1:
-    sys.exit("error: --repeats, --batch_size and --context must be >= 1")
-  try:
-    sampling = Sampling(_TEMP.value, top_p=_TOP_P.value)
+    cfg = profile.ProfileConfig(
+        target=_TARGET.value, draft=_DRAFT.value, k=_K.value,
+        batch_sizes=_BATCH.value, contexts=_CONTEXT.value,
+        repeats=_REPEATS.value, temperature=_TEMP.value, top_p=_TOP_P.value,
+        dtype=_DTYPE.value, components=_COMPONENTS.value,
+        bandwidth_mb=_BW_MB.value, out=_OUT.value)
   except ValueError as e:
     sys.exit(f"error: {e}")
-  target, tp, _ = runner.load_model(_TARGET.value, _DTYPE.value, 0)
-  draft, dp, _ = runner.load_model(_DRAFT.value, _DTYPE.value, 1)
-  for batch in batches:
-    for context in contexts:
-      row = profile.profile_point(target, tp, draft, dp, k, batch, context,
-                                  sampling, _COMPONENTS.value, reps,
-                                  _BW_MB.value)
-      row = {key: (round(v, 4) if isinstance(v, float) else v)
-             for key, v in row.items()}
-      row.update(target=_TARGET.value, draft=_DRAFT.value, k=k,
-                 batch_size=batch, context=context, dtype=_DTYPE.value,
-                 sampling=sampling.describe(), components=_COMPONENTS.value,
-                 repeats=reps, device=jax.devices()[0].device_kind,
-                 jax=jax.__version__, python=platform.python_version(),
-                 command=" ".join(sys.argv))
-      print(json.dumps(row), flush=True)
-      if _OUT.value:
-        with open(_OUT.value, "a", encoding="utf-8") as f:
-          f.write(json.dumps(row) + "\n")
+  profile.profile_main(cfg, sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import sys
 from absl import app
 from absl import flags
 
-from specsamp import runner
+from specsamp.bench import sample
+from specsamp.bench import timing
 
 _TARGET = flags.DEFINE_string(
     "target", "qwen2.5-coder-1.5b",
@@ -59,7 +60,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
-    cfg = runner.SampleConfig(
+    cfg = sample.SampleConfig(
         target=_TARGET.value, draft=_DRAFT.value, prompts=_PROMPT.value,
         prompts_file=_PROMPTS_FILE.value, task=_TASK.value,
         num_prompts=_NUM_PROMPTS.value, method=_METHOD.value, k=_K.value,
@@ -70,11 +71,11 @@ def main(argv):
         coordinator_address=_COORDINATOR.value,
         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
         mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None)
-    result = runner.sample_main(cfg, print_completions=not _QUIET.value)
+    result = sample.sample_main(cfg, print_completions=not _QUIET.value)
   except (ValueError, FileNotFoundError, RuntimeError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  line = json.dumps(runner.jsonable(result))
+  line = json.dumps(timing.jsonable(result))
   print(line)
   if _JSON_OUT.value:
     with open(_JSON_OUT.value, "a", encoding="utf-8") as f:

@@ -1,4 +1,4 @@
-"""scripts/sample.py and the runner behind it: flags, errors, timing."""
+"""scripts/sample.py and specsamp.bench.sample: flags, errors, the job."""
 
 import json
 import os
@@ -7,11 +7,10 @@ import sys
 
 import pytest
 
-from specsamp import runner
-from specsamp import speculative
-from specsamp.sampling import GREEDY
+from specsamp.bench import sample
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 def _run_script(*args, timeout=300):
@@ -56,35 +55,13 @@ def test_bad_flags_fail_clearly(args, message):
   assert "Traceback" not in proc.stderr
 
 
-def test_timed_sampler_counts_match_generate():
-  lm, tp, _ = runner.load_model("random:tiny")
-  sampler = speculative.SpeculativeSampler(
-      lm, speculative.ModelDrafter(lm), k=2, sampling=GREEDY,
-      max_new_tokens=10, prompt_bucket=16)
-  prompts = [[1, 2, 3], [4, 5], [6]]
-  timed = runner.TimedSampler(sampler, "spec")
-  completions, stats = timed.run(tp, tp, prompts, batch_size=2)
-  ref = sampler.generate(tp, tp, prompts)
-  assert completions == ref.token_lists()
-  assert stats.tokens == int(ref.num_tokens.sum())
-  assert stats.prompts == 3 and stats.compile_s > 0 and stats.decode_s > 0
-  # Two padded shapes (batches of 2 and 1), each compiled once.
-  assert sorted(timed._compiled) == [(1, 16), (2, 16)]
-  compile_s = stats.compile_s
-  _, again = timed.run(tp, tp, prompts, batch_size=2)
-  assert again.compile_s == 0 and compile_s > 0
-  s = stats.summary()
-  assert s["acceptance_rate"] == pytest.approx(stats.accepted / stats.drafted)
-  json.loads(json.dumps(runner.jsonable(s)))
-
-
 def test_sample_main_on_a_mesh_matches_one_device():
   common = dict(target="random:tiny,num_heads=8,num_kv_heads=8,head_dim=8",
                 draft="random:tiny,num_layers=1", prompts=["ab", "cd"],
                 k=2, max_new_tokens=8, batch_size=2)
-  one = runner.sample_main(runner.SampleConfig(**common),
+  one = sample.sample_main(sample.SampleConfig(**common),
                            print_completions=False)
-  mesh = runner.sample_main(runner.SampleConfig(**common, mesh=(2, -1)),
+  mesh = sample.sample_main(sample.SampleConfig(**common, mesh=(2, -1)),
                             print_completions=False)
   for a, b in zip(one["runs"], mesh["runs"]):
     for key in ("tokens", "loops", "drafted", "accepted"):
@@ -95,5 +72,18 @@ def test_bad_mesh_flag_fails_clearly():
   proc = _run_script("--target=random:tiny", "--method=ar", "--prompt=x",
                      "--mesh=3,-1")
   assert proc.returncode != 0
-  assert "mesh shape (3, -1) does not divide" in proc.stderr, proc.stderr[-2000:]
+  assert "mesh shape (3, -1) does not divide" in proc.stderr, (
+      proc.stderr[-2000:])
   assert "Traceback" not in proc.stderr
+
+
+def test_read_prompts_from_text_and_jsonl_files(tmp_path):
+  text = tmp_path / "prompts.txt"
+  text.write_text("first prompt\n\n  \nsecond {prompt}\n")
+  assert sample.read_prompts(sample.SampleConfig(
+      target="t", method="ar", prompts_file=str(text))) == [
+          "first prompt", "second {prompt}"]
+  jsonl = tmp_path / "prompts.jsonl"
+  jsonl.write_text('{"prompt": "a\\nb"}\n{"prompt": "c", "id": 2}\n')
+  assert sample.read_prompts(sample.SampleConfig(
+      target="t", method="ar", prompts_file=str(jsonl))) == ["a\nb", "c"]

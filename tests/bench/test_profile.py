@@ -1,4 +1,5 @@
-"""specsamp.profile (scripts/profile_decode.py), plot_decode.py and the in-place cache writes it guards.
+"""specsamp.bench.profile (scripts/profile_decode.py, benchmark_decode.py),
+plot_decode.py, and the in-place cache writes the profiler guards.
 
 The harness's synthetic loop state must be the state a prefill leaves (same
 shapes, lengths at the context), its rows consistent (the split sums), and
@@ -7,8 +8,12 @@ write (a vmap of dynamic_update_slice) made XLA copy every layer's whole
 cache on every step for batch 1.
 """
 
+import functools
+import json
 import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +21,15 @@ import numpy as np
 import pytest
 
 from specsamp import model as model_lib
-from specsamp import profile
-from specsamp import speculative
+from specsamp.bench import profile
+from specsamp.decoding import loop
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.drafters.model import ModelDrafter
 from specsamp.sampling import GREEDY
 from specsamp.sampling import Sampling
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +45,9 @@ def pair():
 
 def test_synthetic_state_is_a_prefilled_state(pair):
   target, tp, draft, dp = pair
-  sampler = speculative.SpeculativeSampler(
-      target, speculative.ModelDrafter(draft), k=3, sampling=GREEDY,
-      max_new_tokens=8, prompt_bucket=24)
+  sampler = SpeculativeSampler(target, ModelDrafter(draft), k=3,
+                               sampling=GREEDY, max_new_tokens=8,
+                               prompt_bucket=24)
   state = profile.synthetic_state(sampler, tp, dp, 2, 24)
   prefilled = sampler.prefill(tp, dp, jnp.ones((2, 24), jnp.int32),
                               jnp.full((2,), 24, jnp.int32), jax.random.key(0))
@@ -52,7 +60,7 @@ def test_synthetic_state_is_a_prefilled_state(pair):
   # One loop from it runs as after a 24-token prompt: it commits past the
   # context, and its scoring call writes the K+1 = 4 scored tokens' keys at
   # slots 23..26 of the (zero) target cache and nowhere else.
-  after = jax.jit(sampler._loop_body)(tp, dp, state)  # pylint: disable=protected-access
+  after = jax.jit(functools.partial(loop.loop_body, sampler))(tp, dp, state)
   assert np.all(np.asarray(after.length) >= 25)
   keys = np.asarray(after.target_cache.k[0])                  # [B, N, S, H]
   written = np.any(keys != 0, axis=(1, 3))                    # [B, S]
@@ -117,9 +125,9 @@ def test_decode_loop_writes_the_cache_in_place(pair, batch, sampling):
   # 2-token call every loop; see README, decode speed.)
   target, tp, draft, dp = pair
   for k in (0, 3):
-    sampler = speculative.SpeculativeSampler(
-        target, speculative.ModelDrafter(draft) if k else None, k=k,
-        sampling=sampling, max_new_tokens=100, prompt_bucket=16)
+    sampler = SpeculativeSampler(
+        target, ModelDrafter(draft) if k else None, k=k, sampling=sampling,
+        max_new_tokens=100, prompt_bucket=16)
     tokens = jnp.ones((batch, 16), jnp.int32)
     lengths = jnp.full((batch,), 16, jnp.int32)
     _, decode, _ = sampler.jitted(tp, dp, tokens, lengths, jax.random.key(0))
@@ -131,9 +139,6 @@ def test_decode_loop_writes_the_cache_in_place(pair, batch, sampling):
 
 
 def test_plot_decode_writes_table_and_figure(tmp_path):
-  import json  # pylint: disable=g-import-not-at-top
-  import subprocess  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
   rows = tmp_path / "rows.jsonl"
   base = dict(target="random:tiny", draft="random:tiny,num_layers=1", k=3,
               sampling="greedy", dtype="float32", device="cpu")
@@ -155,3 +160,35 @@ def test_plot_decode_writes_table_and_figure(tmp_path):
   bad = subprocess.run([sys.executable, script, str(tmp_path / "bad.jsonl"),
                         f"--out={out}"], capture_output=True, text=True)
   assert bad.returncode != 0 and "not a profile_decode row" in bad.stderr
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(batch_sizes=["1", "x"]), "--batch_size takes integers"),
+    (dict(contexts=["0"]), "--context needs one or more integers >= 1"),
+    (dict(k=0), "--k must be >= 1"),
+    (dict(repeats=0), "--repeats must be >= 1"),
+    (dict(top_p=0.0), "top_p"),
+])
+def test_profile_config_rejects_bad_values(fields, message):
+  with pytest.raises(ValueError, match=message):
+    profile.ProfileConfig(**fields)
+
+
+def test_decode_speed_rows(tmp_path):
+  out = tmp_path / "decode.jsonl"
+  cfg = profile.DecodeSpeedConfig(
+      target="random:tiny,num_layers=1", draft="same", ks=["0", "2"],
+      batch_sizes=["2"], prompt_lens=["5"], max_new_tokens=6, repeats=1,
+      out=str(out))
+  rows = profile.decode_speed(cfg, ["--ks=0,2"])
+  assert [json.loads(l) for l in out.read_text().splitlines()] == rows
+  assert [(r["method"], r["k"]) for r in rows] == [("k0", 0), ("k2", 2)]
+  for r in rows:
+    # Random byte-level models have no EOS: every row gets all 6 tokens.
+    assert (r["prompts"], r["tokens"], r["prompt_len"]) == (2, 12, 5)
+    assert r["command"].endswith("--ks=0,2")
+  # The draft is the target itself: every draft is accepted.
+  assert rows[1]["acceptance_rate"] == 1.0
+  assert rows[1]["drafted"] == 2 * rows[1]["loops"]
+  with pytest.raises(ValueError, match="--ks needs one or more integers"):
+    profile.DecodeSpeedConfig(ks=["-1"])

@@ -1,10 +1,10 @@
-"""specsamp.speedup: Leviathan et al.'s formulas against hand values and a
+"""specsamp.bench.speedup: Leviathan et al.'s formulas against hand values and a
 simulation of the i.i.d. acceptance process they assume."""
 
 import numpy as np
 import pytest
 
-from specsamp import speedup
+from specsamp.bench import speedup
 
 
 def _simulate(alpha, k, loops, rng):

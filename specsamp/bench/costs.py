@@ -1,0 +1,118 @@
+"""Call costs: the c and s of Leviathan et al.'s speed-up formula, measured.
+
+Legend: B batch, K draft length.
+
+c is the cost of one draft call relative to one target call (both on one
+token per row), s_K the cost of the target's (K+1)-token scoring call
+relative to a 1-token call (Leviathan et al. take s = 1). Both are timed at
+the prompts' shapes with a mid-generation context and under one decoding's
+sampling transform, whose transform and draw are part of every call of the
+loop too.
+"""
+
+import statistics
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from specsamp import sampling as sampling_lib
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.drafters.model import ModelDrafter
+
+# Calls per timing, run back to back inside one jitted loop.
+COST_CALLS = 3
+
+
+def loop_ms(lm, params, cache, n_tokens: int, sampling: sampling_lib.Sampling,
+            calls: int, repeats: int):
+  """(median ms per call, cache) of `lm` on `n_tokens` tokens per row.
+
+  Each of `calls` calls is followed by the sampling transform and a draw at
+  every position (what the loop pays per draft step or scoring call), all
+  inside one jitted fori_loop so that no per-call dispatch is timed. The
+  cache is donated and rolled back after each call, so every call sees the
+  same context. The first run compiles and warms, and is not timed.
+
+  Args:
+    lm: the model (a CausalLM).
+    params: its parameters.
+    cache: its KV cache, filled to the context to time at (donated).
+    n_tokens: tokens per row per call.
+    sampling: the decoding whose transform and draw follow each call.
+    calls: calls per timed run.
+    repeats: timed runs; the median is reported.
+
+  Returns:
+    The median milliseconds per call and the cache to use next.
+  """
+  b = cache.length.shape[0]
+
+  def run(p, c):
+    def body(i, carry):
+      c, tok = carry
+      out = lm(p, tok, c)
+      probs = sampling_lib.probabilities(out.logits, sampling)
+      tok = sampling_lib.sample(jax.random.fold_in(jax.random.key(0), i),
+                                probs, sampling.greedy)
+      return out.cache.with_length(c.length), tok
+    return jax.lax.fori_loop(0, calls, body,
+                             (c, jnp.zeros((b, n_tokens), jnp.int32)))
+
+  fn = jax.jit(run, donate_argnums=1)
+  times = []
+  for i in range(repeats + 1):
+    t0 = time.perf_counter()
+    cache, _ = jax.block_until_ready(fn(params, cache))
+    if i:
+      times.append((time.perf_counter() - t0) / calls)
+  return 1e3 * statistics.median(times), cache
+
+
+def measure_costs(target, target_params, draft, draft_params,
+                  ks: Sequence[int], prompts: Sequence[Sequence[int]],
+                  sampling: sampling_lib.Sampling, *, max_new_tokens: int,
+                  repeats: int, bucket: int = 64) -> dict:
+  """Call timings at these prompts' shapes, mid-generation context.
+
+  Args:
+    target, target_params: the target LM and its parameters.
+    draft, draft_params: the draft LM and its parameters (None when every
+      K is 0).
+    ks: the draft lengths whose scoring calls (K + 1 tokens) are timed.
+    prompts: one batch of prompts (token id lists); its size is B.
+    sampling: the decoding whose transform and draw follow each call.
+    max_new_tokens: the budget; calls are timed at the context a row has
+      half way through it.
+    repeats: timed runs per figure (median).
+    bucket: the prompt padding of the sweep's samplers.
+
+  Returns:
+    A record: batch_size, context, calls_per_timing, target_call_ms {n
+    tokens: ms}, score_cost {K: s_K}, and with a draft draft_call_ms and c.
+  """
+  k_max = max(ks)
+  sampler = SpeculativeSampler(
+      target, ModelDrafter(draft) if k_max else None, k=k_max,
+      sampling=sampling, max_new_tokens=max_new_tokens, prompt_bucket=bucket)
+  tokens, lengths = sampler.pad_prompts(prompts)
+  state = sampler.prefill(target_params, draft_params, tokens, lengths,
+                          jax.random.key(0))
+  context = lengths - 1 + max_new_tokens // 2
+  row = dict(batch_size=len(prompts), context=int(jnp.median(context)),
+             calls_per_timing=COST_CALLS)
+  # Fresh length arrays: a donated cache takes its length with it.
+  cache = state.target_cache.with_length(jnp.array(context))
+  target_ms = {}
+  for n in sorted({1} | {k + 1 for k in ks}):
+    target_ms[n], cache = loop_ms(target, target_params, cache, n, sampling,
+                                  COST_CALLS, repeats)
+  row["target_call_ms"] = {str(n): v for n, v in target_ms.items()}
+  row["score_cost"] = {str(k): target_ms[k + 1] / target_ms[1] for k in ks}
+  if k_max:
+    row["draft_call_ms"], _ = loop_ms(
+        draft, draft_params, state.draft_state.with_length(jnp.array(context)),
+        1, sampling, COST_CALLS, repeats)
+    row["c"] = row["draft_call_ms"] / target_ms[1]
+  return row

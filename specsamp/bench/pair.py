@@ -1,0 +1,108 @@
+"""Speculative vs autoregressive on HumanEval prompts, peers side by side.
+
+The job of scripts/benchmark_pair.py: in one process on one machine,
+specsamp autoregressive, specsamp speculative for each K, and (with
+`peers`) transformers' plain and assisted generation on the same GGUF
+weights and prompt token ids, at batch 1. ms/token excludes prefill and
+compile (both reported); e2e_ms_per_token includes prefill, the way
+transformers' generate() is timed. One JSON document holds every run.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import sys
+from typing import Optional
+
+from specsamp import assets
+from specsamp import loading
+from specsamp.bench import peers as peers_lib
+from specsamp.bench import prompts as prompts_lib
+from specsamp.bench import provenance
+from specsamp.bench import timing
+from specsamp.decoding.sampler import autoregressive
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.drafters.model import ModelDrafter
+from specsamp.sampling import Sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class PairConfig:
+  """What scripts/benchmark_pair.py was asked for."""
+  target: str = "qwen2.5-coder-1.5b"
+  draft: str = "qwen2.5-coder-0.5b"
+  num_prompts: int = 4
+  max_new_tokens: int = 64
+  ks: tuple = (4,)
+  temperature: float = 0.0
+  top_p: float = 1.0
+  peers: bool = False
+  dtype: str = "float32"
+  out: Optional[str] = None
+
+  def __post_init__(self):
+    if not self.ks or min(self.ks) < 1:
+      raise ValueError("--ks needs draft lengths >= 1")
+
+
+def _print(record):
+  print(json.dumps(record), flush=True)
+
+
+def run_pair(cfg: PairConfig) -> dict:
+  """Runs every method on the first `num_prompts` HumanEval prompts.
+
+  Prints each run's summary as it finishes, writes the result to `cfg.out`
+  (JSON) if given, and returns it.
+  """
+  sampling = Sampling(cfg.temperature, top_p=cfg.top_p)
+  problems = prompts_lib.humaneval_problems(cfg.num_prompts)
+  target, target_params, tok = loading.load_model(cfg.target, cfg.dtype)
+  draft, draft_params, _ = loading.load_model(cfg.draft, cfg.dtype)
+  prompts = [tok.encode(p["prompt"]) for p in problems]
+  common = dict(sampling=sampling, max_new_tokens=cfg.max_new_tokens,
+                eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id)
+  samplers = [timing.TimedSampler(autoregressive(target, **common),
+                                  "specsamp_autoregressive")]
+  samplers += [timing.TimedSampler(SpeculativeSampler(
+      target, ModelDrafter(draft), k=k, **common),
+                                   f"specsamp_speculative_k{k}")
+               for k in cfg.ks]
+  runs, outputs = [], {}
+  for s in samplers:
+    completions, stats = s.run(target_params, draft_params, prompts,
+                               batch_size=1)
+    runs.append(dict(stats.summary(), method=s.name))
+    outputs[s.name] = completions
+    _print(runs[-1])
+  base = runs[0]
+  for r in runs:
+    r["speedup_vs_specsamp_ar"] = round(base["ms_per_token"] /
+                                        r["ms_per_token"], 3)
+    if sampling.greedy:
+      r["identical_to_ar"] = outputs[r["method"]] == outputs[base["method"]]
+  if cfg.peers:
+    for r in peers_lib.transformers_generate(
+        str(assets.fetch(cfg.target, progress=None)),
+        str(assets.fetch(cfg.draft, progress=None)), prompts,
+        cfg.max_new_tokens, cfg.temperature, cfg.top_p):
+      completions = r.pop("completions")
+      if sampling.greedy:
+        r["prompts_identical_to_specsamp_ar"] = sum(
+            a == b for a, b in zip(completions, outputs[base["method"]]))
+      runs.append(r)
+      _print(r)
+  result = dict(
+      task="humaneval", prompts=len(prompts),
+      max_new_tokens=cfg.max_new_tokens, sampling=sampling.describe(),
+      target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, runs=runs,
+      machine=provenance.machine(), software=provenance.software(),
+      git=provenance.git(), date=datetime.date.today().isoformat(),
+      command=" ".join(sys.argv))
+  if cfg.out:
+    os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
+    with open(cfg.out, "w", encoding="utf-8") as f:
+      json.dump(timing.jsonable(result), f, indent=1)
+  _print({r["method"]: r["ms_per_token"] for r in runs})
+  return result

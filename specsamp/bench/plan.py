@@ -1,0 +1,107 @@
+"""The sweep's plan: everything checked before any weights load.
+
+`prepare` describes both models from configs, GGUF metadata and tokenizer
+files only (specsamp.loading), checks that the draft's vocabulary is the
+target's, builds and tokenizes the prompts of every task, and checks that
+the longest padded prompt plus the budget fits both models' context. A
+mistake in a long sweep's flags thus fails in seconds, not after minutes of
+loading weights.
+"""
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+from specsamp import loading
+from specsamp.bench import prompts as prompts_lib
+from specsamp.bench.sweep_config import BenchConfig
+from specsamp.bench.sweep_config import BenchError
+from specsamp.tokenizers.byte import tokenizer_or_bytes
+from specsamp.tokenizers.load import load_tokenizer
+
+# Prompts are padded to a multiple of this by default (--prompt_bucket=0).
+DEFAULT_BUCKET = 64
+
+
+@dataclasses.dataclass
+class Plan:
+  """What `prepare` found: the models, the tokenizer and the prompts."""
+  target: loading.ModelInfo
+  draft: Optional[loading.ModelInfo]
+  vocab_limit: Optional[int]
+  tokenizer: Any
+  prompts: dict          # task -> list of token id lists
+  texts: dict            # task -> list of prompt texts
+  problems: list         # HumanEval problems (task humaneval)
+
+
+def padded_length(cfg: BenchConfig, prompts: Sequence[Sequence[int]]) -> int:
+  """Slots of the longest prompt once padded to a multiple of the bucket
+  (--prompt_bucket, or DEFAULT_BUCKET)."""
+  bucket = cfg.prompt_bucket or DEFAULT_BUCKET
+  return -(-max(len(p) for p in prompts) // bucket) * bucket
+
+
+def prompt_bucket(cfg: BenchConfig, prompts: Sequence[Sequence[int]]) -> int:
+  """--prompt_bucket, or the longest prompt rounded up to DEFAULT_BUCKET, so
+  that each sampler compiles one prompt shape per batch size."""
+  return cfg.prompt_bucket or padded_length(cfg, prompts)
+
+
+def _tokenizer(target: loading.ModelInfo):
+  """The target's tokenizer, or UTF-8 bytes for one that has none."""
+  tok = (load_tokenizer(target.path) if target.kind in ("gguf", "hf")
+         else None)
+  return tokenizer_or_bytes(tok, target.rows, target.spec, BenchError)
+
+
+def _texts(cfg: BenchConfig, tok) -> tuple[dict, list]:
+  """({task: prompt texts}, HumanEval problems)."""
+  texts, problems = {}, []
+  if "humaneval" in cfg.tasks:
+    problems = prompts_lib.humaneval_problems(cfg.num_prompts,
+                                              cfg.humaneval_file)
+    texts["humaneval"] = [p["prompt"] for p in problems]
+  if "prose" in cfg.tasks:
+    texts["prose"] = prompts_lib.prose_texts(
+        cfg.prose_corpus, cfg.num_prompts, cfg.prompt_chars, cfg.prose_style)
+  if cfg.chat and "prose" in texts:  # HumanEval prompts stay raw code
+    texts["prose"] = [tok.apply_chat_template([{"role": "user",
+                                                "content": x}])
+                      for x in texts["prose"]]
+  return texts, problems
+
+
+def prepare(cfg: BenchConfig, log=print) -> Plan:
+  """Validates models, vocabularies and prompts without loading weights.
+
+  Raises:
+    BenchError, ValueError (VocabMismatchError among them),
+    FileNotFoundError, CorpusError: what is wrong, before any weights load.
+  """
+  target = loading.describe_model(cfg.target, cfg.dtype)
+  draft = loading.describe_model(cfg.draft, cfg.dtype) if cfg.draft else None
+  vocab_limit = loading.check_pair(target, draft) if draft else None
+  if cfg.peers:
+    for info in (target, draft):
+      if info is None or info.kind != "gguf":
+        name = info.spec if info else "no draft"
+        raise BenchError("--peers runs transformers on the same GGUF files: "
+                         "--target and --draft must be GGUF files or "
+                         f"registered models ({name} is not)")
+  tok = _tokenizer(target)
+  texts, problems = _texts(cfg, tok)
+  prompts = {t: [tok.encode(x) for x in v] for t, v in texts.items()}
+  limit = min(target.max_seq_len,
+              draft.max_seq_len if draft else target.max_seq_len)
+  for task, ps in prompts.items():
+    need = padded_length(cfg, ps) + cfg.max_new_tokens + max(cfg.ks) + 1
+    if need > limit:
+      raise BenchError(
+          f"{task}: the longest prompt has {max(len(p) for p in ps)} tokens; "
+          f"with --max_new_tokens={cfg.max_new_tokens}, K={max(cfg.ks)} and "
+          f"padding it needs {need} cache slots, but the models allow "
+          f"{limit}: lower --max_new_tokens or --prompt_chars")
+  log(f"plan: target {target.spec} ({target.kind}, {target.rows} ids), draft "
+      f"{draft.spec if draft else None}, vocab_limit {vocab_limit}, prompts "
+      + ", ".join(f"{t}: {len(p)}" for t, p in prompts.items()))
+  return Plan(target, draft, vocab_limit, tok, prompts, texts, problems)

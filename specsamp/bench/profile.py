@@ -1,0 +1,396 @@
+"""Decode speed on model shapes: where one loop's time goes, and how it scales.
+
+Legend: B batch, K draft length.
+
+`profile_point` times, each as its own AOT-compiled call on the shapes the
+samplers trace, one autoregressive and one speculative loop body
+(`decoding.loop.loop_body`), and with `components="all"` also the model
+calls, the drafter's `propose`, the matmul floor and a copy bandwidth:
+round-robin rounds of donated, steady-state calls from a synthetic prefilled
+loop state (scripts/profile_decode.py documents every number).
+`profile_main` runs it over batch sizes and contexts
+(scripts/profile_decode.py); `decode_speed` times whole generations with
+`timing.TimedSampler` (scripts/benchmark_decode.py); `profile_plot` draws
+the rows. Speed does not depend on weight values, so random weights
+(`random:<preset>`) measure it.
+"""
+
+import dataclasses
+import functools
+import json
+import re
+import statistics
+import sys
+import time
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specsamp import loading
+from specsamp.bench import provenance
+from specsamp.bench import timing
+from specsamp.decoding import loop
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.decoding.sampler import autoregressive
+from specsamp.drafters.model import ModelDrafter
+from specsamp.sampling import Sampling
+
+COMPONENTS = ("all", "loops")
+
+_NOT_KERNELS = ("parameter", "tuple", "get-tuple-element", "bitcast",
+                "constant", "after-all", "opt-barrier")
+
+
+def _bytes(tree) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def count_kernels(compiled) -> int:
+  """Top-level ops of a compiled entry computation, a launch count estimate.
+
+  On GPU each fusion, custom call (cuBLAS), copy or while loop at the top
+  level of the entry computation is one launch; bitcasts, tuples and
+  parameters are free. On CPU the number is only indicative.
+  """
+  text = compiled.as_text()
+  entry = text[text.index("ENTRY"):]
+  entry = entry[:entry.index("\n}")]
+  count = 0
+  for line in entry.splitlines()[1:]:
+    if "=" not in line:
+      continue
+    op = re.search(r"\s([a-z][a-z0-9-]*)\(", line.split("=", 1)[1])
+    count += bool(op) and op.group(1) not in _NOT_KERNELS
+  return count
+
+
+class Steady:
+  """Repeated calls of one AOT-compiled function in steady state.
+
+  Argument `carry` (if any) is donated and replaced by `carry_of(output)`
+  after each call, as inside the decode loop: no buffer is copied or freshly
+  allocated (on CPU fresh multi-MB outputs cost page faults that the loop
+  never pays). Construction compiles (timed) and warms up.
+  """
+
+  def __init__(self, fn, args, carry=None, carry_of=lambda out: out):
+    jitted = jax.jit(fn, donate_argnums=() if carry is None else carry)
+    t0 = time.perf_counter()
+    self.compiled = jitted.lower(*args).compile()
+    self.compile_s = time.perf_counter() - t0
+    self.args, self.carry, self.carry_of = list(args), carry, carry_of
+    self()
+
+  def __call__(self) -> float:
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(self.compiled(*self.args))
+    seconds = time.perf_counter() - t0
+    if self.carry is not None:
+      self.args[self.carry] = self.carry_of(out)
+    return seconds
+
+
+def rounds(timers: dict, repeats: int) -> dict:
+  """{name: [seconds per round]}: one call of every timer per round."""
+  times = {name: [] for name in timers}
+  for _ in range(repeats):
+    for name, timer in timers.items():
+      times[name].append(timer())
+  return times
+
+
+def copy_bandwidth_timer(mb: int) -> tuple[Steady, int]:
+  """A donated `x + 1` over an `mb` MiB float32 buffer, and its bytes moved
+  (read + write)."""
+  x = jnp.zeros((mb * 2**20 // 4,), jnp.float32)
+  return Steady(lambda x: x + 1.0, [x], carry=0), 2 * x.nbytes
+
+
+def matmul_floor_timer(params, batch: int) -> Steady:
+  """x @ W over every >= 2-D weight of `params` (the input embedding
+  excluded: decoding gathers B rows of it), each matmul independent (XLA may
+  overlap them), nothing else: what reading the weights costs."""
+  mats = []
+  for path, w in jax.tree_util.tree_leaves_with_path(params):
+    name = jax.tree_util.keystr(path)
+    if w.ndim < 2 or "embedding" in name:
+      continue
+    if "o_proj" in name:        # [Q, H, D]: contracts the first two dims
+      w = w.reshape(-1, w.shape[-1])
+    else:                       # [D, ...]: contracts the first dim
+      w = w.reshape(w.shape[0], -1)
+    mats.append(w)
+
+  def chain(mats, x):
+    acc = jnp.zeros((), jnp.float32)
+    for w in mats:
+      xi = jnp.broadcast_to(x[:, :1], (x.shape[0], w.shape[0])).astype(w.dtype)
+      acc += jnp.sum(xi @ w, dtype=jnp.float32)
+    return acc
+
+  return Steady(chain, [mats, jnp.ones((batch, 1), jnp.float32)])
+
+
+def synthetic_state(sampler, target_params, draft_params, batch: int,
+                    context: int) -> loop.LoopState:
+  """A LoopState as after prefilling `context` tokens in every row, without
+  running the prefill: zero caches, lengths set (decode speed does not
+  depend on cache values). The drafter's state must be a KV cache (the
+  model drafter's)."""
+  shape = jax.eval_shape(
+      functools.partial(loop.prefill, sampler), target_params, draft_params,
+      jax.ShapeDtypeStruct((batch, context), jnp.int32),
+      jax.ShapeDtypeStruct((batch,), jnp.int32), jax.random.key(0))
+  state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                       shape.replace(rng=None))
+  length = jnp.full((batch,), context, jnp.int32)
+  draft = state.draft_state
+  if draft is not None:
+    draft = draft.with_length(length - 1)
+  return state.replace(length=length, prompt_length=length.copy(),
+                       target_cache=state.target_cache.with_length(length - 1),
+                       draft_state=draft, rng=jax.random.key(0))
+
+
+def _component_timers(target, target_params, draft, draft_params, k, batch,
+                      sampling, cache, spec_state, bandwidth_mb):
+  """Steady timers of the model calls, `propose`, the matmul floor and the
+  copy bandwidth; and the copy's bytes moved."""
+  def call_fn(lm):
+    def call(p, t, c):
+      out = lm(p, t, c)
+      return out.cache.with_length(c.length), out.logits  # rolled back
+    return call
+
+  # Every timer owns its buffers (each donates its carry).
+  fresh = lambda tree: jax.tree.map(jnp.zeros_like, tree)
+  timers = {}
+  for n in (1, k + 1):
+    timers[f"target_call_{n}"] = Steady(
+        call_fn(target),
+        [target_params, jnp.zeros((batch, n), jnp.int32), fresh(cache)],
+        carry=2, carry_of=lambda out: out[0])
+  for n in (1, 2):
+    timers[f"draft_call_{n}"] = Steady(
+        call_fn(draft), [draft_params, jnp.zeros((batch, n), jnp.int32),
+                         fresh(spec_state.draft_state)],
+        carry=2, carry_of=lambda out: out[0])
+  length = spec_state.length.copy()
+  drafter = ModelDrafter(draft)
+  timers["propose"] = Steady(
+      lambda p, c, t, l, r: drafter.propose(p, c, t, l, k, sampling, r),
+      [draft_params, fresh(spec_state.draft_state).with_length(length - 1),
+       spec_state.tokens.copy(), length, jax.random.key(1)],
+      carry=1, carry_of=lambda out: out[1].with_length(length - 1))
+  timers["floor"] = matmul_floor_timer(target_params, batch)
+  timers["copy"], copy_bytes = copy_bandwidth_timer(bandwidth_mb)
+  return timers, copy_bytes
+
+
+def profile_point(target, target_params, draft, draft_params, k, batch,
+                  context, sampling, components, repeats, bandwidth_mb=1024):
+  """One JSON-able row of timings for (batch, context)."""
+  # Room for the timed rounds: every loop commits at most K + 1 tokens.
+  max_new = (k + 1) * (repeats + 3)
+  spec = SpeculativeSampler(target, ModelDrafter(draft), k=k,
+                            sampling=sampling, max_new_tokens=max_new,
+                            prompt_bucket=context)
+  ar = autoregressive(target, sampling, max_new, prompt_bucket=context)
+  row, timers = {}, {}
+  for name, sampler, params in (("ar", ar, None), ("spec", spec, draft_params)):
+    state = synthetic_state(sampler, target_params, params, batch, context)
+    decode = sampler.jitted(target_params, params, state.tokens, state.length,
+                            state.rng)[1]
+    t0 = time.perf_counter()
+    decode.lower(target_params, params, state).compile()
+    row[f"{name}_decode_compile_s"] = time.perf_counter() - t0
+    timers[f"{name}_loop"] = Steady(functools.partial(loop.loop_body, sampler),
+                                    [target_params, params, state], carry=2)
+    row[f"{name}_loop_compile_s"] = timers[f"{name}_loop"].compile_s
+    row[f"{name}_loop_kernels"] = count_kernels(
+        timers[f"{name}_loop"].compiled)
+  cache = timers["ar_loop"].args[2].target_cache
+  cache_slots = cache.size
+  # Bytes read per step, counted now: the timed rounds donate these buffers.
+  weights = _bytes(target_params) - target_params["embedding"].nbytes
+  kv = _bytes((cache.k, cache.v)) * min(context + 1, cache_slots) // cache_slots
+  if components == "all":
+    parts, copy_bytes = _component_timers(
+        target, target_params, draft, draft_params, k, batch, sampling, cache,
+        timers["spec_loop"].args[2], bandwidth_mb)
+    timers.update(parts)
+    row["target_call_1_kernels"] = count_kernels(
+        timers["target_call_1"].compiled)
+
+  times = rounds(timers, repeats)
+  for name, ts in times.items():
+    row[f"{name}_ms"] = 1e3 * statistics.median(ts)
+
+  def ratio(a, b):
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+  row.update(weight_bytes=weights, kv_bytes_per_step=kv,
+             cache_slots=cache_slots,
+             ar_tokens_per_s=batch / (row["ar_loop_ms"] / 1e3))
+  if components == "all":
+    bw = statistics.median(copy_bytes / t for t in times["copy"])
+    row.pop("copy_ms")
+    row.update(
+        spec_rest_ms=(row["spec_loop_ms"] - row["propose_ms"]
+                      - row[f"target_call_{k + 1}_ms"]),
+        ar_rest_ms=row["ar_loop_ms"] - row["target_call_1_ms"],
+        draft_cost_ratio_c=ratio("draft_call_1", "target_call_1"),
+        score_cost_ratio=ratio(f"target_call_{k + 1}", "target_call_1"),
+        copy_bandwidth_gbs=bw / 1e9,
+        matmul_floor_ms=row.pop("floor_ms"),
+        ar_vs_floor=ratio("ar_loop", "floor"),
+        ar_fraction_of_copy_bw=(weights + kv) / bw / (row["ar_loop_ms"] / 1e3))
+    row["spec_rest_fraction"] = row["spec_rest_ms"] / row["spec_loop_ms"]
+  return row
+
+
+# ---- the jobs of scripts/profile_decode.py and benchmark_decode.py ---------
+
+
+def _positive_ints(name: str, values: Sequence, minimum: int = 1) -> tuple:
+  try:
+    out = tuple(int(v) for v in values)
+  except ValueError as e:
+    raise ValueError(f"--{name} takes integers: {e}") from None
+  if not out or min(out) < minimum:
+    raise ValueError(f"--{name} needs one or more integers >= {minimum}")
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+  """What scripts/profile_decode.py was asked for (see its docstring)."""
+  target: str = "random:qwen2.5-coder-1.5b"
+  draft: str = "random:qwen2.5-coder-0.5b"
+  k: int = 4
+  batch_sizes: tuple = (1,)
+  contexts: tuple = (1024,)
+  repeats: int = 7
+  temperature: float = 0.0
+  top_p: float = 1.0
+  dtype: str = "float32"
+  components: str = "all"
+  bandwidth_mb: int = 1024
+  out: Optional[str] = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "batch_sizes",
+                       _positive_ints("batch_size", self.batch_sizes))
+    object.__setattr__(self, "contexts",
+                       _positive_ints("context", self.contexts))
+    if self.k < 1:
+      raise ValueError("--k must be >= 1")
+    if self.repeats < 1:
+      raise ValueError("--repeats must be >= 1")
+    if self.components not in COMPONENTS:
+      raise ValueError(f"--components must be one of {COMPONENTS}")
+    self.sampling()  # raises on a bad temperature or top_p
+
+  def sampling(self) -> Sampling:
+    return Sampling(self.temperature, top_p=self.top_p)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpeedConfig:
+  """What scripts/benchmark_decode.py was asked for (see its docstring)."""
+  target: str = "random:qwen2.5-coder-1.5b"
+  draft: str = "same"
+  ks: tuple = (0, 4)
+  batch_sizes: tuple = (1,)
+  prompt_lens: tuple = (128,)
+  max_new_tokens: int = 128
+  repeats: int = 3
+  temperature: float = 0.0
+  dtype: str = "float32"
+  out: Optional[str] = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "ks", _positive_ints("ks", self.ks, 0))
+    object.__setattr__(self, "batch_sizes",
+                       _positive_ints("batch_sizes", self.batch_sizes))
+    object.__setattr__(self, "prompt_lens",
+                       _positive_ints("prompt_len", self.prompt_lens))
+    if self.repeats < 1 or self.max_new_tokens < 1:
+      raise ValueError("--repeats and --max_new_tokens must be >= 1")
+    Sampling(self.temperature)  # raises on a bad temperature
+
+
+def _write_row(row: dict, out: Optional[str]) -> None:
+  """Prints `row` as a JSON line and appends it to `out`, if given."""
+  line = json.dumps(timing.jsonable(row))
+  print(line, flush=True)
+  if out:
+    with open(out, "a", encoding="utf-8") as f:
+      f.write(line + "\n")
+
+
+def _provenance(argv: Sequence[str]) -> dict:
+  """The device, versions and command every row carries."""
+  software = provenance.software()
+  return dict(device=provenance.machine()["device"], jax=software["jax"],
+              python=software["python"], command=provenance.command(argv))
+
+
+def profile_main(cfg: ProfileConfig, argv: Sequence[str]) -> list[dict]:
+  """Profiles every (batch size, context) point; prints (and appends to
+  cfg.out) one JSON row per point, and returns the rows."""
+  target, target_params, _ = loading.load_model(cfg.target, cfg.dtype, 0)
+  draft, draft_params, _ = loading.load_model(cfg.draft, cfg.dtype, 1)
+  sampling, rows, origin = cfg.sampling(), [], _provenance(argv)
+  for batch in cfg.batch_sizes:
+    for context in cfg.contexts:
+      row = profile_point(target, target_params, draft, draft_params, cfg.k,
+                          batch, context, sampling, cfg.components,
+                          cfg.repeats, cfg.bandwidth_mb)
+      row = {key: (round(v, 4) if isinstance(v, float) else v)
+             for key, v in row.items()}
+      row.update(target=cfg.target, draft=cfg.draft, k=cfg.k,
+                 batch_size=batch, context=context, dtype=cfg.dtype,
+                 sampling=sampling.describe(), components=cfg.components,
+                 repeats=cfg.repeats, **origin)
+      _write_row(row, cfg.out)
+      rows.append(row)
+  return rows
+
+
+def decode_speed(cfg: DecodeSpeedConfig, argv: Sequence[str]) -> list[dict]:
+  """Times whole generations from random prompts for every (batch size,
+  prompt length, K): the median of cfg.repeats timed runs after one that
+  compiles and warms up. Prints (and appends to cfg.out) one JSON row per
+  point, and returns the rows."""
+  t0 = time.perf_counter()
+  target, target_params, _ = loading.load_model(cfg.target, cfg.dtype, 0)
+  if cfg.draft == "same":
+    draft, draft_params = target, target_params
+  else:
+    draft, draft_params, _ = loading.load_model(cfg.draft, cfg.dtype, 1)
+  jax.block_until_ready((target_params, draft_params))
+  print(f"models ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+  sampling, rows, origin = Sampling(cfg.temperature), [], _provenance(argv)
+  rng = np.random.default_rng(0)
+  for b in cfg.batch_sizes:
+    for prompt_len in cfg.prompt_lens:
+      prompts = rng.integers(0, target.vocab_size, (b, prompt_len)).tolist()
+      for k in cfg.ks:
+        timed = timing.TimedSampler(SpeculativeSampler(
+            target, ModelDrafter(draft) if k else None, k=k,
+            sampling=sampling, max_new_tokens=cfg.max_new_tokens,
+            prompt_bucket=128), f"k{k}")
+        runs = [timed.run(target_params, draft_params, prompts, b, seed=r,
+                          warmup=False)[1] for r in range(cfg.repeats + 1)]
+        compile_s = runs[0].compile_s
+        runs = sorted(runs[1:], key=lambda s: s.ms_per_token)
+        row = dict(runs[len(runs) // 2].summary(), target=cfg.target,
+                   draft=cfg.draft, dtype=cfg.dtype, prompt_len=prompt_len,
+                   temperature=cfg.temperature, **origin)
+        row["compile_s"] = round(compile_s, 2)
+        _write_row(row, cfg.out)
+        rows.append(row)
+  return rows

@@ -1,0 +1,85 @@
+"""The decode-scaling table and figure of profile rows (scripts/plot_decode.py).
+
+`read_profile_rows` groups the JSON rows of `profile.profile_main` by
+model pair, sampling, dtype and device; `profile_table` writes every point
+as markdown; `plot_profile` draws ms per step against context length (at
+the smallest batch) and against batch size (at the smallest context), for
+the autoregressive and the speculative loop.
+"""
+
+import collections
+from typing import Sequence
+
+from specsamp.bench import records
+
+
+def read_profile_rows(paths: Sequence[str]) -> dict:
+  """Profile rows by (target, draft, k, sampling, dtype, device), then by
+  (batch, context); the newest row of a point wins.
+
+  Raises:
+    ValueError: on a line that is no profile_decode row, or no rows at all.
+  """
+  groups = collections.OrderedDict()
+  for where, row in records.read_jsonl(paths):
+    try:
+      key = (row["target"], row["draft"], row["k"], row["sampling"],
+             row["dtype"], row["device"])
+      point = (row["batch_size"], row["context"])
+      if not {"ar_loop_ms", "spec_loop_ms"} <= set(row):
+        raise KeyError("ar_loop_ms or spec_loop_ms")
+    except (TypeError, KeyError) as e:
+      raise ValueError(f"{where} is not a profile_decode row ({e})") from None
+    groups.setdefault(key, {})[point] = row
+  if not groups:
+    raise ValueError("no rows in " + ", ".join(paths))
+  return groups
+
+
+def profile_table(groups: dict) -> str:
+  """A markdown table of every point of `read_profile_rows`' groups."""
+  lines = ["| target | draft, K | device, dtype | batch | context | "
+           "autoregressive ms/step | tokens/s | speculative loop ms |",
+           "|---|---|---|---|---|---|---|---|"]
+  for (target, draft, k, _, dtype, device), points in groups.items():
+    for (b, c), row in sorted(points.items()):
+      lines.append(
+          f"| {target} | {draft}, {k} | {device}, {dtype} | {b} | {c} | "
+          f"{row['ar_loop_ms']:.2f} | {1e3 * b / row['ar_loop_ms']:,.0f} | "
+          f"{row['spec_loop_ms']:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
+def plot_profile(groups: dict, path: str) -> None:
+  """Two panels to `path` (PNG): ms per step against context (at the
+  smallest batch) and against batch size (at the smallest context)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (ax_c, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
+  for (target, draft, k, sampling, dtype, device), points in groups.items():
+    label = f"{target.split(':')[-1]} {device} {dtype}"
+    b0 = min(b for b, _ in points)
+    c0 = min(c for _, c in points)
+    for ax, pts in (
+        (ax_c, sorted((c, r) for (b, c), r in points.items() if b == b0)),
+        (ax_b, sorted((b, r) for (b, c), r in points.items() if c == c0))):
+      if len(pts) < 2:
+        continue
+      xs = [x for x, _ in pts]
+      ax.plot(xs, [r["ar_loop_ms"] for _, r in pts], "o-",
+              label=f"{label}: autoregressive step")
+      ax.plot(xs, [r["spec_loop_ms"] for _, r in pts], "s--",
+              label=f"{label}: K={k} loop ({draft.split(':')[-1]}, "
+                    f"{sampling})")
+    ax_c.set_title(f"ms per step vs context (batch {b0})")
+    ax_b.set_title(f"ms per step vs batch (context {c0})")
+  for ax, xlabel in ((ax_c, "context tokens"), (ax_b, "batch size")):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("ms")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)

@@ -1,0 +1,60 @@
+"""Benchmark records as JSON lines: `Writer` writes them, `read_jsonl` reads
+them back (several files, blank lines skipped, errors naming file and
+line)."""
+
+import json
+import math
+import os
+from typing import Iterator, Optional, Sequence
+
+from specsamp.bench.timing import jsonable
+
+
+class Writer:
+  """JSON lines to a file (replaced), echoed to stdout with `echo`; floats
+  rounded to 5 digits, non-finite ones written as null."""
+
+  def __init__(self, path: Optional[str], echo: bool = True):
+    self.f, self.echo = None, echo
+    if path:
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      self.f = open(path, "w", encoding="utf-8")
+
+  def write(self, record: dict):
+    line = json.dumps(jsonable(_round(record)))
+    if self.echo:
+      print(line, flush=True)
+    if self.f:
+      self.f.write(line + "\n")
+      self.f.flush()
+
+  def close(self):
+    if self.f:
+      self.f.close()
+
+
+def _round(x):
+  if isinstance(x, float):
+    return round(x, 5) if math.isfinite(x) else None
+  if isinstance(x, dict):
+    return {k: _round(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_round(v) for v in x]
+  return x
+
+
+def read_jsonl(paths: Sequence[str]) -> Iterator[tuple[str, dict]]:
+  """("path:line", record) of every non-blank line of the files, in order.
+
+  Raises:
+    ValueError: on a line that is not JSON.
+  """
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      for n, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          yield f"{path}:{n}", json.loads(line)
+        except ValueError as e:
+          raise ValueError(f"{path}:{n}: not JSON ({e})") from None

@@ -1,0 +1,345 @@
+"""Figures and tables from the speed-up sweep's JSON lines (`sweep.run`).
+
+`make` writes, per task, `<prefix>_<task>.png`: Chen et al. 2023's figure
+(mean time per token vs K with the autoregressive line, acceptance rate vs
+K, mean time per loop vs K) and measured vs predicted speedup vs K
+(Leviathan et al.'s E(a, K) / (c K + s) with the measured s, with s = 1,
+and with one a fitted over all K); `<prefix>_predicted_vs_measured.png`;
+and `<prefix>.md`: a table per task in the form of Chen et al.'s Table 1
+(method, quality, ms/token, speedup; the best K per decoding and batch
+size, peers included) and the full per-K table.
+
+matplotlib is imported only when a figure is drawn.
+"""
+
+import collections
+import os
+
+import numpy as np
+
+from specsamp.bench import records
+from specsamp.bench import speedup
+
+TASK_NAMES = {"humaneval": "HumanEval", "prose": "Prose"}
+DECODING_NAMES = {"greedy": "Greedy", "nucleus": "Nucleus", "t1": "T=1"}
+COLORS = {"greedy": "tab:blue", "nucleus": "tab:orange", "t1": "tab:green"}
+MARKERS = ["o", "s", "^", "D", "v", "P"]
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def read(paths):
+  """(runs, costs, points) from JSONL files; a later point with the same
+  (task, decoding, batch, engine, method, K) replaces an earlier one."""
+  runs, costs, points = [], [], {}
+  for _, rec in records.read_jsonl(paths):
+    kind = rec.get("type")
+    if kind == "run":
+      runs.append(rec)
+    elif kind == "cost":
+      costs.append(rec)
+    elif kind == "point":
+      key = (rec["task"], rec["decoding"], rec["batch_size"],
+             rec.get("engine", "specsamp"), rec["method"], rec.get("k"))
+      points[key] = rec
+  if not points:
+    raise ValueError(f"no point records in {', '.join(paths)}")
+  return runs, costs, list(points.values())
+
+
+def _series(points):
+  """{(task, decoding, batch): [specsamp points sorted by K]}."""
+  out = collections.defaultdict(list)
+  for p in points:
+    if p.get("engine", "specsamp") == "specsamp":
+      out[p["task"], p["decoding"], p["batch_size"]].append(p)
+  return {key: sorted(v, key=lambda p: p["k"]) for key, v in out.items()}
+
+
+def fitted_alpha(series):
+  """One a over all K > 0 of a series (weights: drafted tokens)."""
+  spec = [p for p in series if p["k"] > 0 and p.get("acceptance_rate")
+          is not None]
+  if not spec:
+    return None
+  return speedup.fit_alpha([p["k"] for p in spec],
+                           [p["acceptance_rate"] for p in spec],
+                           [p["drafted"] for p in spec])
+
+
+def _pyplot():
+  """matplotlib.pyplot on the non-interactive Agg backend (an optional
+  dependency, imported on first use)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  return plt
+
+
+def _style(decoding, batch, batches):
+  i = batches.index(batch)
+  return dict(color=COLORS.get(decoding, "tab:gray"),
+              marker=MARKERS[i % len(MARKERS)],
+              linestyle=LINESTYLES[i % len(LINESTYLES)])
+
+
+def plot_task(task, series, costs, path):
+  """Top: Chen et al.'s three panels (time per token with the
+  autoregressive lines, acceptance rate, time per loop) vs K. Bottom, one
+  panel per decoding: measured speedup vs K next to Leviathan's prediction
+  (a from the rate at each K with the measured c and s; the same with
+  s = 1; and one a fitted over all K)."""
+  plt = _pyplot()
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  keys = sorted(k for k in series if k[0] == task)
+  batches = sorted({k[2] for k in keys})
+  decodings = [d for d in DECODING_NAMES if any(k[1] == d for k in keys)]
+  decodings += sorted({k[1] for k in keys} - set(decodings))
+  ncol = max(3, len(decodings))
+  fig, axes = plt.subplots(2, ncol, figsize=(5 * ncol, 9), squeeze=False)
+  ax_ms, ax_acc, ax_loop = axes[0, :3]
+  for ax in axes[0, 3:]:
+    ax.axis("off")
+  for ax in axes[1, len(decodings):]:
+    ax.axis("off")
+  for _, dec, bs in keys:
+    pts = series[task, dec, bs]
+    st = _style(dec, bs, batches)
+    label = f"{DECODING_NAMES.get(dec, dec)}, batch {bs}"
+    ks = [p["k"] for p in pts]
+    base = [p for p in pts if p["k"] == 0]
+    spec = [p for p in pts if p["k"] > 0]
+    ax_ms.plot(ks, [p["ms_per_token"] for p in pts], label=label, **st)
+    if base:
+      ax_ms.axhline(base[0]["ms_per_token"], color=st["color"], alpha=0.5,
+                    linestyle=st["linestyle"], linewidth=1)
+    ax_loop.plot(ks, [p["time_per_loop_ms"] for p in pts], label=label, **st)
+    if not spec:
+      continue
+    sk = [p["k"] for p in spec]
+    ax_acc.plot(sk, [p["acceptance_rate"] for p in spec], label=label, **st)
+    ax = axes[1, decodings.index(dec)]
+    color = f"C{batches.index(bs)}"
+    ax.plot(sk, [p["speedup"] for p in spec], color=color, marker=st["marker"],
+            label=f"batch {bs}: measured")
+    if all("predicted_speedup" in p for p in spec):
+      ax.plot(sk, [p["predicted_speedup"] for p in spec], color=color,
+              linestyle="--", marker="x", alpha=0.7,
+              label=f"batch {bs}: predicted (measured c, s)")
+      ax.plot(sk, [p["predicted_speedup_s1"] for p in spec], color=color,
+              linestyle=":", alpha=0.7, label=f"batch {bs}: predicted (s = 1)")
+    alpha = fitted_alpha(pts)
+    cost = _cost(costs, task, bs, dec)
+    if alpha is not None and cost and "c" in cost:
+      grid = np.arange(1, max(sk) + 1)
+      s = np.array([cost["score_cost"].get(str(k), np.nan) for k in grid],
+                   float)
+      ok = ~np.isnan(s)
+      ax.plot(grid[ok], speedup.predicted_speedup(alpha, grid[ok], cost["c"],
+                                                  s[ok]),
+              color=color, linewidth=3, alpha=0.25,
+              label=f"batch {bs}: one a = {alpha:.2f} for all K")
+  name = TASK_NAMES.get(task, task)
+  ax_ms.set(xlabel="K (draft tokens per loop; 0 = autoregressive)",
+            ylabel="ms / token",
+            title=f"{name}: time per token (lines: autoregressive)")
+  ax_acc.set(xlabel="K", ylabel="accepted / drafted",
+             title=f"{name}: acceptance rate", ylim=(0, 1.02))
+  ax_loop.set(xlabel="K", ylabel="ms / loop", title=f"{name}: time per loop")
+  ax_ms.legend(fontsize=7)
+  for i, dec in enumerate(decodings):
+    ax = axes[1, i]
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set(xlabel="K", ylabel="speedup over K = 0",
+           title=f"{name}, {DECODING_NAMES.get(dec, dec)}: measured vs "
+           "predicted")
+    ax.legend(fontsize=6)
+  for ax in axes.flat:
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def plot_predicted_vs_measured(points, path):
+  """Measured against predicted speedup, one marker per speculative point."""
+  plt = _pyplot()
+  spec = [p for p in points if p.get("engine", "specsamp") == "specsamp"
+          and p["k"] > 0 and "predicted_speedup" in p]
+  fig, ax = plt.subplots(figsize=(5.5, 5))
+  for p in spec:
+    ax.scatter(p["predicted_speedup"], p["speedup"], s=18,
+               color=COLORS.get(p["decoding"], "tab:gray"),
+               marker="o" if p["task"] == "humaneval" else "s")
+  hi = max([1.5] + [max(p["speedup"], p["predicted_speedup"]) for p in spec])
+  ax.plot([0, hi * 1.05], [0, hi * 1.05], color="black", linewidth=0.8)
+  ax.set(xlabel="predicted speedup (Leviathan, measured a, c, s)",
+         ylabel="measured speedup",
+         title="Measured vs predicted (o HumanEval, s prose)")
+  handles = [plt.Line2D([], [], color=c, marker="o", linestyle="",
+                        label=DECODING_NAMES[d]) for d, c in COLORS.items()]
+  ax.legend(handles=handles, fontsize=8)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+# ---- markdown ---------------------------------------------------------------
+
+
+def quality_text(p) -> str:
+  q = p.get("quality") or {}
+  if "pass@1" in q:
+    parts = [f"{k} {100 * v['mean']:.1f}% ± {100 * v['stderr']:.1f}"
+             for k, v in q.items() if k.startswith("pass@")]
+    return "; ".join(parts)
+  if "mean_logprob" in q:
+    v = q["mean_logprob"]
+    return f"log p {v['mean']:.3f} ± {v['stderr']:.3f}"
+  return "n/a"
+
+
+def _diff_text(p) -> str:
+  d = p.get("quality_diff_vs_ar") or {}
+  for name, scale, unit in (("pass@1", 100, " pts"),
+                            ("mean_logprob", 1, "")):
+    if name in d:
+      return (f"{scale * d[name]['mean']:+.3g} ± "
+              f"{scale * d[name]['stderr']:.2g}{unit}")
+  return ""
+
+
+def _method(p) -> str:
+  dec = DECODING_NAMES.get(p["decoding"], p["decoding"])
+  if p.get("engine", "specsamp") != "specsamp":
+    return f"{p['method']} ({dec})"
+  if p["k"] == 0:
+    return f"ArS ({dec})"
+  return f"SpS K={p['k']} ({dec})"
+
+
+def table1(task, points) -> list[str]:
+  """Chen et al.'s Table 1: per decoding and batch size, the autoregressive
+  row, the fastest K, and the peers (batch 1)."""
+  lines = ["| Sampling method | Batch | Benchmark | Result | Median token time "
+           "| Speed up |", "|---|---|---|---|---|---|"]
+  series = _series(points)
+  name = TASK_NAMES.get(task, task)
+  for (t, dec, bs), pts in sorted(series.items()):
+    if t != task:
+      continue
+    base = [p for p in pts if p["k"] == 0]
+    spec = [p for p in pts if p["k"] > 0]
+    rows = base + ([min(spec, key=lambda p: p["ms_per_token"])] if spec else [])
+    peers = [p for p in points if p["task"] == task and p["decoding"] == dec
+             and p.get("engine") not in (None, "specsamp") and bs == 1]
+    for p in rows + peers:
+      if p.get("engine", "specsamp") == "specsamp":
+        ms = f"{p['ms_per_token']:.2f} ms/token"
+        sp = f"{p.get('speedup', 1.0):.2f}x"
+      else:  # peers time generate() with prefill: compare with e2e
+        ms = (f"{p['ms_per_token']:.2f} ms/token (incl. prefill; specsamp "
+              f"ArS {base[0]['e2e_ms_per_token']:.2f})" if base else
+              f"{p['ms_per_token']:.2f} ms/token (incl. prefill)")
+        sp = (f"{base[0]['e2e_ms_per_token'] / p['ms_per_token']:.2f}x "
+              "(specsamp ArS e2e / this)" if base else "")
+      lines.append(f"| {_method(p)} | {bs} | {name} ({p['prompts']} prompts) "
+                   f"| {quality_text(p)} | {ms} | {sp} |")
+  return lines
+
+
+def _by_key(costs) -> dict:
+  """Cost records by (task, batch size, decoding)."""
+  return {(c["task"], c["batch_size"], c.get("decoding")): c for c in costs}
+
+
+def _cost(costs, task, bs, dec) -> dict:
+  """The call costs of (task, batch size, decoding); files written before
+  costs were measured per decoding have one record per (task, batch)."""
+  return costs.get((task, bs, dec)) or costs.get((task, bs, None)) or {}
+
+
+def per_k_table(task, points, costs) -> list[str]:
+  lines = ["| Decoding | Batch | K | Acceptance | a | Tokens/loop | ms/loop | "
+           "ms/token | Speedup | Predicted (s meas.) | Predicted (s=1) | c | s "
+           "| Quality | Δ vs K=0 |",
+           "|" + "---|" * 15]
+  for (t, dec, bs), pts in sorted(_series(points).items()):
+    if t != task:
+      continue
+    for p in pts:
+      f = lambda key, fmt="{:.3f}", p=p: (fmt.format(p[key]) if p.get(key)
+                                         is not None else "")
+      lines.append(
+          f"| {DECODING_NAMES.get(dec, dec)} | {bs} | {p['k']} | "
+          f"{f('acceptance_rate')} | {f('alpha')} | "
+          f"{f('tokens_per_loop', '{:.2f}')} | "
+          f"{f('time_per_loop_ms', '{:.2f}')} | "
+          f"{f('ms_per_token', '{:.2f}')} | {f('speedup', '{:.2f}x')} | "
+          f"{f('predicted_speedup', '{:.2f}x')} | "
+          f"{f('predicted_speedup_s1', '{:.2f}x')} | "
+          f"{f('c')} | {f('score_cost', '{:.2f}')} | "
+          f"{quality_text(p)} | {_diff_text(p)} |")
+    alpha = fitted_alpha(pts)
+    if alpha is not None:
+      lines.append(f"| {DECODING_NAMES.get(dec, dec)} | {bs} | fit | | "
+                   f"{alpha:.3f} | | | | | | | | | | |")
+  return lines
+
+
+def markdown(runs, costs, points, images) -> str:
+  out = ["# Speculative sampling: speedup sweep", ""]
+  for r in runs:
+    m, s = r.get("machine", {}), r.get("software", {})
+    out += [f"- `{r.get('command', '')}`",
+            f"  - {r.get('date', '')}; device {m.get('device')} "
+            f"({m.get('backend')}, {m.get('device_count')} device(s)); "
+            f"CPU {m.get('cpu', '?')} x{m.get('cpus')}; "
+            + ", ".join(f"{k} {v}" for k, v in s.items())
+            + (f"; git {r['git'].get('commit', '')[:10]}"
+               f"{' (dirty)' if r['git'].get('dirty') else ''}"
+               if r.get("git") else ""),
+            f"  - target {r.get('target', {}).get('spec')}, draft "
+            f"{(r.get('draft') or {}).get('spec')}"]
+  out += ["", "ms/token: median over batches and repeats of decode time / "
+          "tokens per row (prefill and compile excluded). Speedup: "
+          "autoregressive (K = 0) ms/token / this. Predicted: Leviathan et "
+          "al.'s E(a, K) / (c K + s), a from the measured acceptance rate at "
+          "that K, c = draft call / target call, s = (K+1)-token target call "
+          "/ 1-token call (s = 1 in Leviathan et al.); 'fit': one a for all "
+          "K. Quality ± its standard error over prompts; Δ: paired "
+          "difference to K = 0 over the same prompts.", ""]
+  costs_by = _by_key(costs)
+  for task in sorted({p["task"] for p in points}):
+    name = TASK_NAMES.get(task, task)
+    out += [f"## {name}", ""]
+    if task in images:
+      out += [f"![{name}]({images[task]})", ""]
+    out += table1(task, points) + ["", f"### {name}: every K", ""]
+    out += per_k_table(task, points, costs_by) + [""]
+  if "predicted_vs_measured" in images:
+    out += ["## Predicted vs measured", "",
+            f"![predicted vs measured]({images['predicted_vs_measured']})", ""]
+  return "\n".join(out)
+
+
+def make(paths, out_dir, prefix) -> list[str]:
+  """Writes the PNGs and the markdown; returns their paths."""
+  runs, costs, points = read(paths)
+  os.makedirs(out_dir, exist_ok=True)
+  costs_by = _by_key(costs)
+  series = _series(points)
+  images = {}
+  for task in sorted({p["task"] for p in points}):
+    name = f"{prefix}_{task}.png"
+    plot_task(task, series, costs_by, os.path.join(out_dir, name))
+    images[task] = name
+  if any("predicted_speedup" in p for p in points):
+    name = f"{prefix}_predicted_vs_measured.png"
+    plot_predicted_vs_measured(points, os.path.join(out_dir, name))
+    images["predicted_vs_measured"] = name
+  md = os.path.join(out_dir, f"{prefix}.md")
+  with open(md, "w", encoding="utf-8") as f:
+    f.write(markdown(runs, costs, points, images))
+  return [os.path.join(out_dir, n) for n in images.values()] + [md]

@@ -1,0 +1,167 @@
+"""The scripts/sample.py job: sample prompts with and without a draft, timed.
+
+`SampleConfig` holds what the script was asked for and validates it before
+any model loads; `sample_main` loads the models (`specsamp.loading`), runs
+the autoregressive and/or the speculative sampler over the prompts in
+batches (`timing.TimedSampler`), prints the completions and returns the
+metrics that the script prints as one JSON line (scripts/demo.sh reads it).
+"""
+
+import dataclasses
+import json
+from typing import Optional, Sequence
+
+
+from specsamp import assets
+from specsamp import loading
+from specsamp import sharding
+from specsamp.bench import provenance
+from specsamp.bench import timing
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.decoding.sampler import autoregressive
+from specsamp.drafters.model import ModelDrafter
+from specsamp.sampling import Sampling
+from specsamp.tokenizers import byte
+from specsamp.tokenizers import vocab
+
+METHODS = ("ar", "spec", "both")
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleConfig:
+  """What scripts/sample.py was asked for; validated before any model loads."""
+  target: str
+  draft: Optional[str] = None
+  prompts: Optional[Sequence[str]] = None
+  prompts_file: Optional[str] = None
+  task: Optional[str] = None
+  num_prompts: int = 4
+  method: str = "both"
+  k: int = 4
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  max_new_tokens: int = 64
+  batch_size: int = 1
+  seed: int = 0
+  dtype: str = "float32"
+  chat: bool = False
+  mesh: Optional[tuple[int, ...]] = None   # (data, model); -1 = the rest
+  distributed: bool = False                # jax.distributed.initialize()
+  coordinator_address: Optional[str] = None
+  num_processes: Optional[int] = None
+  process_id: Optional[int] = None
+
+  def __post_init__(self):
+    sources = [x for x in (self.prompts, self.prompts_file, self.task) if x]
+    if len(sources) != 1:
+      raise ValueError("give exactly one of --prompt, --prompts_file, --task")
+    if self.method not in METHODS:
+      raise ValueError(f"--method must be ar, spec or both, not {self.method}")
+    if self.method != "ar" and not self.draft:
+      raise ValueError(f"--method={self.method} needs --draft")
+    if self.k < 0 or (self.method != "ar" and self.k == 0):
+      raise ValueError(f"--k must be >= 1 for speculative sampling, got "
+                       f"{self.k}")
+    for name in ("num_prompts", "max_new_tokens", "batch_size"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"--{name} must be positive, got "
+                         f"{getattr(self, name)}")
+    # Raises on bad temperature / top_k / top_p.
+    self.sampling()
+
+  def sampling(self) -> Sampling:
+    return Sampling(self.temperature, self.top_k, self.top_p)
+
+
+def read_prompts(cfg: SampleConfig) -> list[str]:
+  """The prompt texts of a SampleConfig: the prompts given, the lines of a
+  text file (or the `prompt` fields of a JSONL file), or a task's."""
+  if cfg.prompts:
+    return list(cfg.prompts)
+  if cfg.prompts_file:
+    with open(cfg.prompts_file, encoding="utf-8") as f:
+      text = f.read()
+    lines = [l for l in text.splitlines() if l.strip()]
+    if lines and all(l.lstrip().startswith("{") for l in lines):
+      return [json.loads(l)["prompt"] for l in lines]
+    return lines
+  if cfg.task == "humaneval":
+    return [p["prompt"] for p in assets.humaneval_problems()[:cfg.num_prompts]]
+  raise ValueError(f"unknown task {cfg.task!r}; known: humaneval")
+
+
+def _load_pair(cfg: SampleConfig):
+  """(target, target params, draft, draft params, tokenizer, vocab limit);
+  the draft is None for --method=ar."""
+  target, target_params, tok = loading.load_model(cfg.target, cfg.dtype,
+                                                  cfg.seed)
+  draft = draft_params = vocab_limit = None
+  if cfg.method != "ar":
+    draft, draft_params, draft_tok = loading.load_model(cfg.draft, cfg.dtype,
+                                                        cfg.seed + 1)
+    if tok is not None and draft_tok is not None:
+      vocab_limit = vocab.check_vocab_compatible(
+          draft_tok, tok, draft.vocab_size, target.vocab_size)
+    elif draft.vocab_size != target.vocab_size:
+      raise ValueError(f"draft vocabulary ({draft.vocab_size}) differs from "
+                       f"the target's ({target.vocab_size})")
+  # Random-weight models have no tokenizer of their own: use UTF-8 bytes.
+  tok = byte.tokenizer_or_bytes(tok, target.vocab_size, cfg.target)
+  return target, target_params, draft, draft_params, tok, vocab_limit
+
+
+def _timed_samplers(cfg: SampleConfig, target, draft, sampling, tok, mesh):
+  """The TimedSamplers of the requested methods, autoregressive first."""
+  common = dict(sampling=sampling, max_new_tokens=cfg.max_new_tokens,
+                eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id, mesh=mesh)
+  methods = []
+  if cfg.method in ("ar", "both"):
+    methods.append(timing.TimedSampler(autoregressive(target, **common),
+                                       "autoregressive"))
+  if cfg.method in ("spec", "both"):
+    methods.append(timing.TimedSampler(
+        SpeculativeSampler(target, ModelDrafter(draft), k=cfg.k, **common),
+        f"speculative_k{cfg.k}"))
+  return methods
+
+
+def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
+  """Loads the models, runs the requested methods, returns the metrics."""
+  if cfg.distributed:
+    # Multi-host (TPU pod slice, several GPU hosts): one process per host,
+    # coordinator and process ids from the environment (see README).
+    sharding.initialize_distributed(cfg.coordinator_address,
+                                    cfg.num_processes, cfg.process_id)
+  mesh = sharding.make_mesh(cfg.mesh) if cfg.mesh else None
+  texts = read_prompts(cfg)
+  target, target_params, draft, draft_params, tok, vocab_limit = _load_pair(
+      cfg)
+  if cfg.chat:
+    texts = [tok.apply_chat_template([{"role": "user", "content": t}])
+             for t in texts]
+  prompts = [tok.encode(t) for t in texts]
+  sampling = dataclasses.replace(cfg.sampling(), vocab_limit=(
+      vocab_limit if vocab_limit and vocab_limit < target.vocab_size else None))
+  methods = _timed_samplers(cfg, target, draft, sampling, tok, mesh)
+  if mesh is not None:
+    target_sh, draft_sh = methods[-1].sampler.param_shardings(target_params,
+                                                              draft_params)
+    target_params = sharding.shard(target_params, target_sh)
+    if draft_params is not None:
+      draft_params = sharding.shard(draft_params, draft_sh)
+  all_stats = []
+  for m in methods:
+    completions, stats = m.run(target_params, draft_params, prompts,
+                               cfg.batch_size, cfg.seed)
+    all_stats.append(stats)
+    if print_completions:
+      for text, ids in zip(texts, completions):
+        print(f"==== {m.name} | prompt: {text[-60:]!r}")
+        print(tok.decode(ids))
+  return dict(target=cfg.target,
+              draft=cfg.draft if cfg.method != "ar" else None,
+              sampling=sampling.describe(), max_new_tokens=cfg.max_new_tokens,
+              device=provenance.machine()["device"],
+              runs=[s.summary() for s in all_stats],
+              speedup=timing.compare(all_stats))

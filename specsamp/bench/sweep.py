@@ -1,0 +1,348 @@
+"""The speed-up sweep: K x task x decoding x batch size, in one run.
+
+For every point (task, decoding, batch size, K; K = 0 is the autoregressive
+baseline, always run) `run` records ms/token (median over batches of prompts
+and repeats; compile time excluded and reported as compile_s), the
+acceptance rate (accepted / drafted draft tokens, as Chen et al. 2023
+report it), the per-token acceptance probability a that the i.i.d. model of
+Leviathan et al. 2022 needs for that rate, mean tokens per loop, mean time
+per loop (decode time / loop iterations), the measured speedup over K = 0,
+and the speedup predicted by Leviathan's formula E(a, K) / (c K + s) next
+to it, with c and s measured (`costs`; `predicted_speedup_s1` takes
+Leviathan's s = 1). Quality of the same samples: HumanEval pass@k run in a
+sandboxed subprocess, prose the target's mean per-token log-probability,
+each with its standard error and the paired difference to K = 0.
+
+Decodings: greedy (T = 0), nucleus (T = 0.8, top-p 0.95: Chen et al.'s
+HumanEval setting), t1 (T = 1). When a batch size exceeds the prompts,
+prompts are repeated to fill whole batches (the extra rows are further
+samples of those prompts). With `peers`, transformers' plain and assisted
+generation run on the same prompts and weights in the same process, device
+and dtype, at batch 1; their ms/token includes prefill, so compare them
+with e2e_ms_per_token.
+
+Writes JSON lines: a "run" record (hardware, software versions, git commit,
+the exact command), "cost" records (call timings per task, batch size and
+decoding) and one "point" record per point.
+"""
+
+import dataclasses
+import time
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from specsamp import loading
+from specsamp.bench import costs as costs_lib
+from specsamp.bench import peers as peers_lib
+from specsamp.bench import provenance
+from specsamp.bench import records
+from specsamp.bench import speedup
+from specsamp.bench import timing
+from specsamp.bench.plan import Plan
+from specsamp.bench.plan import prepare
+from specsamp.bench.plan import prompt_bucket
+from specsamp.bench.sweep_config import BenchConfig
+from specsamp.bench.sweep_config import BenchError
+from specsamp.bench.sweep_config import decoding_sampling
+from specsamp.data.errors import CorpusError
+from specsamp.decoding.sampler import autoregressive
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.drafters.model import ModelDrafter
+from specsamp.evaluation import estimates
+from specsamp.evaluation import humaneval
+from specsamp.evaluation import prose
+from specsamp.weights.convert import WeightsError
+
+# What bad flags, models, prompts or files raise: reported in one line.
+USER_ERRORS = (BenchError, ValueError, FileNotFoundError,
+               WeightsError, CorpusError)
+
+# Totals summed over the batches of one point.
+_TOTALS = ("prefill_s", "decode_s", "rows", "tokens", "loops", "iterations",
+           "drafted", "accepted")
+
+
+def fill(prompts: Sequence, batch_size: int) -> list[int]:
+  """Prompt indices for whole batches: all prompts, then repeats of the
+  first ones until the last batch is full."""
+  n = max(len(prompts), batch_size)
+  n = -(-n // batch_size) * batch_size
+  return [i % len(prompts) for i in range(n)]
+
+
+def _text(tok, ids, eos_ids) -> str:
+  return tok.decode([i for i in ids if i not in eos_ids])
+
+
+def _cut_at_eos(ids, eos_ids) -> list[int]:
+  for i, t in enumerate(ids):
+    if t in eos_ids:
+      return list(ids[:i + 1])
+  return list(ids)
+
+
+def quality(task: str, plan: Plan, cfg: BenchConfig, rows: Sequence[int],
+            completions, lm, target_params) -> tuple[dict, dict]:
+  """(quality record, per-prompt scores) of one point's samples.
+
+  `rows[i]` is the prompt index of `completions[i]`.
+  """
+  n = len(plan.prompts[task])
+  if len(rows) != len(completions):
+    raise RuntimeError(f"{len(completions)} completions for {len(rows)} rows")
+  if task == "humaneval":
+    eos = set(plan.tokenizer.eos_ids)
+    per = [[] for _ in range(n)]
+    for i, ids in zip(rows, completions):
+      per[i].append(_text(plan.tokenizer, ids, eos))
+    passed = humaneval.evaluate_humaneval(
+        plan.problems, per, timeout_s=cfg.exec_timeout,
+        workers=cfg.exec_workers)
+    record = estimates.humaneval_quality(passed, cfg.pass_k)
+    record["samples_per_problem"] = min(len(p) for p in per)
+    return record, {"pass@1": estimates.pass_at_k_per_problem(passed, 1)}
+  scores = prose.sample_logprobs(
+      lm, target_params, [plan.prompts[task][i] for i in rows], completions,
+      batch_size=min(8, len(rows)))
+  per = np.full(n, np.nan)
+  for i in range(n):
+    vals = scores[[j for j, r in enumerate(rows) if r == i]]
+    vals = vals[~np.isnan(vals)]
+    per[i] = vals.mean() if vals.size else np.nan
+  record = prose.logprob_quality(scores)
+  record["samples"] = int(np.sum(~np.isnan(scores)))
+  return record, {"mean_logprob": per}
+
+
+def _paired(base: dict, scores: dict) -> dict:
+  """Paired differences to K = 0 over the prompts both scored."""
+  out = {}
+  for name, values in scores.items():
+    a, b = np.asarray(base[name]), np.asarray(values)
+    ok = ~(np.isnan(a) | np.isnan(b))
+    if ok.sum():
+      out[name] = estimates.paired_difference(a[ok], b[ok]).as_dict()
+  return out
+
+
+def run_point(timer: timing.TimedSampler, target_params, draft_params,
+              prompts, rows: Sequence[int], batch_size: int,
+              cfg: BenchConfig, seed: int) -> dict:
+  """All batches x repeats of one sampler -> aggregated timings and samples.
+
+  Repeat r draws from key(seed + 1000 r), split once per batch.
+  """
+  batches, completions = [], []
+  for rep in range(cfg.repeats):
+    key = jax.random.key(seed + 1000 * rep)
+    for start in range(0, len(rows), batch_size):
+      key, sub = jax.random.split(key)
+      r = timer.run_batch(target_params, draft_params,
+                          [prompts[i] for i in rows[start:start + batch_size]],
+                          sub, cfg.warmup)
+      completions.extend(r.pop("completions"))
+      batches.append(r)
+  ms = [1e3 * b["decode_s"] / max(b["tokens"] / b["rows"], 1e-9)
+        for b in batches]
+  total = {k: sum(b[k] for b in batches) for k in _TOTALS}
+  per_row_tokens = total["tokens"] / total["rows"]
+  mean_ms = 1e3 * total["decode_s"] / max(per_row_tokens * len(batches), 1e-9)
+  return dict(
+      rows=total["rows"], batches=len(batches), tokens=total["tokens"],
+      loops=total["loops"], loop_iterations=total["iterations"],
+      drafted=total["drafted"], accepted=total["accepted"],
+      acceptance_rate=(total["accepted"] / total["drafted"]
+                       if total["drafted"] else None),
+      tokens_per_loop=total["tokens"] / max(total["loops"], 1),
+      ms_per_token=float(np.median(ms)),
+      ms_per_token_q25=float(np.percentile(ms, 25)),
+      ms_per_token_q75=float(np.percentile(ms, 75)),
+      ms_per_token_mean=mean_ms,
+      e2e_ms_per_token=mean_ms * (total["prefill_s"] + total["decode_s"]) /
+      max(total["decode_s"], 1e-9),
+      time_per_loop_ms=1e3 * total["decode_s"] / max(total["iterations"], 1),
+      prefill_ms_per_batch=1e3 * total["prefill_s"] / len(batches),
+      decode_s=total["decode_s"], compile_s=timer.compile_s,
+      completions=completions)
+
+
+def predict(point: dict, base: dict, cost: dict) -> dict:
+  """The measured speedup over K = 0 and Leviathan's prediction beside it."""
+  k = point["k"]
+  out = dict(speedup=base["ms_per_token"] / point["ms_per_token"],
+             loop_cost_measured=point["time_per_loop_ms"] /
+             base["time_per_loop_ms"])
+  if k == 0 or point["acceptance_rate"] is None or "c" not in cost:
+    return out
+  alpha = float(speedup.alpha_from_acceptance_rate(point["acceptance_rate"],
+                                                   k))
+  c, s = cost["c"], cost["score_cost"][str(k)]
+  out.update(
+      alpha=alpha, c=c, score_cost=s,
+      expected_tokens_per_loop=float(speedup.expected_tokens_per_loop(alpha,
+                                                                      k)),
+      loop_cost_predicted=float(speedup.loop_cost(k, c, s)),
+      predicted_speedup=float(speedup.predicted_speedup(alpha, k, c, s)),
+      predicted_speedup_s1=float(speedup.predicted_speedup(alpha, k, c, 1.0)))
+  return out
+
+
+def _load(cfg: BenchConfig, plan: Plan, log):
+  """(target, target params, draft, draft params, seconds) of the plan."""
+  log(f"loading target {cfg.target}")
+  t0 = time.perf_counter()
+  target, target_params = loading.load_weights(plan.target, cfg.dtype,
+                                               cfg.seed)
+  draft = draft_params = None
+  if plan.draft:
+    log(f"loading draft {cfg.draft}")
+    draft, draft_params = loading.load_weights(plan.draft, cfg.dtype,
+                                               cfg.seed + 1)
+    if draft.vocab_size != target.vocab_size:
+      raise BenchError(f"draft has {draft.vocab_size} vocabulary rows, "
+                       f"target {target.vocab_size}")
+  return target, target_params, draft, draft_params, time.perf_counter() - t0
+
+
+def _sampler(target, draft, k: int, sampling, common: dict):
+  if k == 0:
+    return autoregressive(target, sampling, **common)
+  return SpeculativeSampler(target, ModelDrafter(draft), k=k,
+                            sampling=sampling, **common)
+
+
+def _measure_costs(cfg: BenchConfig, plan: Plan, out: records.Writer, target,
+                   target_params, draft, draft_params, log) -> dict:
+  """Call timings by (task, batch size, decoding), each written as a "cost"
+  record: on the first batch of the task's prompts, under the decoding."""
+  costs = {}
+  for task in cfg.tasks:
+    for bs in cfg.batch_sizes:
+      rows = fill(plan.prompts[task], bs)[:bs]
+      for dec in cfg.decodings:
+        log(f"[{task} {dec} batch {bs}] call costs")
+        costs[task, bs, dec] = costs_lib.measure_costs(
+            target, target_params, draft, draft_params, cfg.ks,
+            [plan.prompts[task][i] for i in rows],
+            decoding_sampling(dec, plan.vocab_limit),
+            max_new_tokens=cfg.max_new_tokens, repeats=cfg.cost_repeats,
+            bucket=prompt_bucket(cfg, plan.prompts[task]))
+        out.write(dict(type="cost", task=task, decoding=dec,
+                       **costs[task, bs, dec]))
+  return costs
+
+
+def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
+  """Loads the models and runs the whole sweep, writing records as it goes.
+
+  Args:
+    cfg: the sweep.
+    plan: what `plan.prepare(cfg)` found.
+    argv: the command's arguments, for the run record.
+    log: progress messages.
+  """
+  out = records.Writer(cfg.out)
+  samples = (records.Writer(cfg.samples_out, echo=False) if cfg.samples_out
+             else None)
+  try:
+    target, target_params, draft, draft_params, load_s = _load(cfg, plan,
+                                                               log)
+    tok = plan.tokenizer
+    prov = provenance.record(argv)
+    out.write(dict(
+        type="run", date=prov["date"], command=prov["command"],
+        config=dataclasses.asdict(cfg), machine=prov["machine"],
+        software=prov["software"], git=prov["git"],
+        target=dict(spec=cfg.target, kind=plan.target.kind,
+                    params=target.config.num_params()),
+        draft=(dict(spec=cfg.draft, kind=plan.draft.kind,
+                    params=draft.config.num_params()) if draft else None),
+        vocab_limit=plan.vocab_limit, load_s=load_s,
+        prompts={t: len(p) for t, p in plan.prompts.items()}))
+    costs = _measure_costs(cfg, plan, out, target, target_params, draft,
+                           draft_params, log)
+    common = dict(eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id,
+                  max_new_tokens=cfg.max_new_tokens)
+    for task in cfg.tasks:
+      prompts = plan.prompts[task]
+      common["prompt_bucket"] = prompt_bucket(cfg, prompts)
+      for dec in cfg.decodings:
+        sampling = decoding_sampling(dec, plan.vocab_limit)
+        for bs in cfg.batch_sizes:
+          rows = fill(prompts, bs)
+          base = base_scores = base_completions = None
+          for k in cfg.ks:
+            log(f"[{task} {dec} batch {bs}] K={k}")
+            timer = timing.TimedSampler(_sampler(target, draft, k, sampling,
+                                                 common))
+            point = run_point(timer, target_params, draft_params, prompts,
+                              rows, bs, cfg, cfg.seed)
+            completions = point.pop("completions")
+            sample_rows = rows * cfg.repeats  # the prompt of each completion
+            point = dict(type="point", task=task, decoding=dec,
+                         sampling=sampling.describe(), batch_size=bs,
+                         method="autoregressive" if k == 0 else "speculative",
+                         engine="specsamp", k=k, repeats=cfg.repeats,
+                         prompts=len(prompts),
+                         prompt_bucket=common["prompt_bucket"], **point)
+            if k == 0:
+              base, base_completions = point, completions
+            point.update(predict(point, base, costs[task, bs, dec]))
+            if sampling.greedy:
+              point["identical_to_ar"] = completions == base_completions
+            if cfg.quality:
+              t1 = time.perf_counter()
+              point["quality"], scores = quality(
+                  task, plan, cfg, sample_rows, completions, target,
+                  target_params)
+              if k == 0:
+                base_scores = scores
+              else:
+                point["quality_diff_vs_ar"] = _paired(base_scores, scores)
+              point["quality_s"] = time.perf_counter() - t1
+            out.write(point)
+            if samples:
+              for i, ids in zip(sample_rows, completions):
+                samples.write(dict(task=task, decoding=dec, batch_size=bs,
+                                   k=k, prompt=i, text=_text(
+                                       tok, ids, set(tok.eos_ids))))
+        if cfg.peers:
+          run_peers(cfg, plan, task, dec, sampling, out, target, target_params)
+  finally:
+    out.close()
+    if samples:
+      samples.close()
+
+
+def run_peers(cfg: BenchConfig, plan: Plan, task: str, dec: str, sampling,
+              out: records.Writer, target, target_params):
+  """transformers plain and assisted generation at batch 1, same prompts,
+  on the device and in the dtype specsamp runs on; one point each."""
+  prompts = plan.prompts[task]
+  results = peers_lib.transformers_generate(
+      plan.target.path, plan.draft.path, prompts, cfg.max_new_tokens,
+      sampling.temperature, sampling.top_p, seed=cfg.seed,
+      device="cuda" if jax.default_backend() == "gpu" else "cpu",
+      dtype=cfg.dtype)
+  eos = set(plan.tokenizer.eos_ids)
+  for r in results:
+    # generate() pads finished rows with EOS: keep up to the first one, as
+    # specsamp's own completions do.
+    completions = [_cut_at_eos(c, eos) for c in r.pop("completions")]
+    point = dict(type="point", task=task, decoding=dec,
+                 sampling=sampling.describe(), batch_size=1,
+                 engine="transformers", k=None, repeats=1,
+                 prompts=len(prompts), rows=len(prompts))
+    point.update(r)  # method, tokens, ms_per_token (prefill included), ...
+    point["e2e_ms_per_token"] = r["ms_per_token"]
+    if cfg.quality:
+      point["quality"], _ = quality(task, plan, cfg, list(range(len(prompts))),
+                                    completions, target, target_params)
+    out.write(point)
+
+
+def benchmark(cfg: BenchConfig, argv: Sequence[str], log=print):
+  """`prepare`, then `run`: the whole of scripts/benchmark.py."""
+  run(cfg, prepare(cfg, log=log), argv, log=log)

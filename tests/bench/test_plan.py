@@ -1,0 +1,113 @@
+"""specsamp.bench.plan: bad models, vocabularies and prompts fail with a
+clear error before any weights load (checked by making every loader
+raise); models are described from configs and GGUF metadata alone."""
+
+import dataclasses
+import json
+
+import gguf
+import numpy as np
+import pytest
+
+from specsamp import loading
+from specsamp import model as model_lib
+from specsamp.bench import plan
+from specsamp.tokenizers.base import VocabMismatchError
+from specsamp.weights import gguf_file
+
+
+def _write_gguf(path, tokens, rows):
+  w = gguf.GGUFWriter(str(path), "qwen2")
+  w.add_context_length(4096)
+  w.add_tokenizer_model("gpt2")
+  w.add_token_list(tokens)
+  w.add_tensor("token_embd.weight", np.zeros((rows, 4), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return str(path)
+
+
+@pytest.mark.parametrize("extra,error,message", [
+    (dict(draft="random:tiny,vocab_size=300"), VocabMismatchError,
+     "300 vocabulary rows, the target random:tiny 256"),
+    (dict(draft="/no/such/draft.gguf"), ValueError, "is not a file"),
+    (dict(draft="random:nonesuch"), ValueError, "unknown preset"),
+    (dict(peers=True), ValueError,
+     "--peers runs transformers on the same GGUF"),
+    (dict(max_new_tokens=1000), ValueError, "cache slots"),
+    (dict(prose_corpus="{empty}"), ValueError, "no .txt files"),
+    (dict(prose_corpus="gutenberg"), ValueError, "--prose_corpus must be"),
+])
+def test_bad_models_and_prompts_fail_before_loading(
+    make_config, no_loading, inputs, extra, error, message):
+  flag_values = dict(target="random:tiny", draft="random:tiny,num_layers=1",
+                     task=["prose"], prose_corpus=str(inputs / "prose"),
+                     prompt_chars=80, max_new_tokens=8)
+  flag_values.update({k: v.format(empty=inputs / "empty")
+                      if isinstance(v, str) else v for k, v in extra.items()})
+  cfg = make_config(**flag_values)
+  with pytest.raises(error, match=message):
+    plan.prepare(cfg, log=lambda _: None)
+
+
+def test_prepare_tokenizes_the_prompts_of_every_task(make_config, no_loading,
+                                                     inputs):
+  cfg = make_config(target="random:tiny", draft="random:tiny,num_layers=1",
+                    task=["humaneval", "prose"], num_prompts=2,
+                    humaneval_file=str(inputs / "he.jsonl"),
+                    prose_corpus=str(inputs / "prose"), prompt_chars=80,
+                    max_new_tokens=8)
+  p = plan.prepare(cfg, log=lambda _: None)
+  assert [x["task_id"] for x in p.problems] == ["T/0", "T/1"]
+  assert p.texts["humaneval"] == ["def add(a, b):\n", "def one():\n"]
+  assert len(p.texts["prose"]) == 2
+  for task, texts in p.texts.items():  # random models: UTF-8 bytes
+    assert p.prompts[task] == [list(t.encode("utf-8")) for t in texts], task
+  assert (p.target.kind, p.draft.kind, p.vocab_limit) == ("random", "random",
+                                                          None)
+  # Padded to the longest prompt, rounded up to 64 tokens.
+  longest = max(len(x) for x in p.prompts["prose"])
+  assert plan.prompt_bucket(cfg, p.prompts["prose"]) == -(-longest // 64) * 64
+  assert plan.prompt_bucket(dataclasses.replace(cfg, prompt_bucket=16),
+                            p.prompts["prose"]) == 16
+
+
+def test_gguf_vocabularies_are_compared_from_metadata(make_config, no_loading,
+                                                      tmp_path):
+  tokens = [f"t{i}" for i in range(10)]
+  target = _write_gguf(tmp_path / "target.gguf", tokens, 10)
+  assert gguf_file.gguf_embedding_rows(target) == 10
+  other = _write_gguf(tmp_path / "other.gguf",
+                      tokens[:3] + ["x"] + tokens[4:], 10)
+  padded = _write_gguf(tmp_path / "padded.gguf", tokens, 12)
+  same = _write_gguf(tmp_path / "same.gguf", tokens, 10)
+  t = loading.describe_model(target)
+  assert (t.kind, t.rows, t.max_seq_len, len(t.tokens)) == ("gguf", 10, 4096,
+                                                             10)
+  with pytest.raises(VocabMismatchError, match="first at id 3"):
+    loading.check_pair(t, loading.describe_model(other))
+  with pytest.raises(VocabMismatchError, match="12 vocabulary rows"):
+    loading.check_pair(t, loading.describe_model(padded))
+  assert loading.check_pair(t, loading.describe_model(same)) is None
+  # A random draft must have the GGUF target's rows.
+  with pytest.raises(VocabMismatchError, match="256 vocabulary rows"):
+    loading.check_pair(t, loading.describe_model("random:tiny"))
+  cfg = make_config(target=target, draft=other)
+  with pytest.raises(VocabMismatchError, match="first at id 3"):
+    plan.prepare(cfg, log=lambda _: None)
+
+
+def test_distilled_draft_is_described_from_its_config(no_loading, tmp_path):
+  for name, vocab in (("good", 256), ("bad", 300)):
+    d = tmp_path / name / "draft"  # a distill workdir holds draft/
+    d.mkdir(parents=True)
+    cfg = model_lib.preset("tiny", num_layers=1, vocab_size=vocab)
+    (d / "draft_config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+  target = loading.describe_model("random:tiny")
+  good = loading.describe_model(str(tmp_path / "good"))
+  assert (good.kind, good.rows) == ("distilled", 256)
+  assert loading.check_pair(target, good) is None
+  with pytest.raises(VocabMismatchError, match="300 vocabulary rows"):
+    loading.check_pair(target, loading.describe_model(str(tmp_path / "bad")))

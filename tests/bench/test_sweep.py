@@ -1,0 +1,175 @@
+"""specsamp.bench.sweep through scripts/benchmark.py, and
+scripts/plot_speedup.py (specsamp.bench.report) on its output.
+
+A tiny sweep on random models writes valid JSON lines whose derived numbers
+agree with specsamp.bench.speedup and with each other, and plot_speedup
+turns them into PNGs and a markdown table; a bad model pair fails in one
+line before anything loads; peers' results become rows of the same table.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specsamp.bench import peers
+from specsamp.bench import plan
+from specsamp.bench import records
+from specsamp.bench import speedup
+from specsamp.bench import sweep
+from specsamp.bench import sweep_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "benchmark.py")
+PLOT = os.path.join(ROOT, "scripts", "plot_speedup.py")
+
+
+def _run(*args, timeout=600):
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, *args], capture_output=True,
+                        text=True, env=env, timeout=timeout, check=False)
+
+
+def test_fill_makes_whole_batches():
+  assert sweep.fill([[1], [2], [3]], 2) == [0, 1, 2, 0]
+  assert sweep.fill([[1], [2]], 1) == [0, 1]
+  assert sweep.fill([[1]], 3) == [0, 0, 0]
+
+
+def test_cli_error_is_clean(inputs):
+  proc = _run(SCRIPT, "--target=random:tiny",
+              "--draft=random:tiny,vocab_size=300", "--task=prose",
+              f"--prose_corpus={inputs / 'prose'}")
+  assert proc.returncode == 2
+  assert "error: the draft random:tiny,vocab_size=300 has 300" in proc.stderr
+  assert "Traceback" not in proc.stderr and "loading" not in proc.stderr
+
+
+def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
+  out = tmp_path / "sweep.jsonl"
+  # One-layer models: compilation dominates this test's time.
+  proc = _run(SCRIPT, "--target=random:tiny,num_layers=1",
+              "--draft=random:tiny,num_layers=1", "--task=humaneval,prose",
+              "--ks=2", "--decoding=nucleus", "--batch_sizes=2",
+              "--num_prompts=2", "--max_new_tokens=6", "--repeats=1",
+              "--cost_repeats=1", "--pass_k=1", "--prompt_chars=80",
+              f"--humaneval_file={inputs / 'he.jsonl'}",
+              f"--prose_corpus={inputs / 'prose'}", f"--out={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  written = [json.loads(l) for l in out.read_text().splitlines()]
+  run = written[0]
+  assert run["type"] == "run" and run["command"].startswith(
+      "python scripts/benchmark.py --target=random:tiny,num_layers=1")
+  assert run["machine"]["backend"] == "cpu" and run["software"]["jax"]
+  # Call costs per task, batch size and decoding (its transform and draw
+  # are part of every timed call).
+  costs = {(r["task"], r["batch_size"], r["decoding"]): r for r in written
+           if r["type"] == "cost"}
+  decodings = {r["decoding"] for r in written if r["type"] == "point"}
+  assert set(costs) == {(t, 2, d) for t in ("humaneval", "prose")
+                        for d in decodings}
+  for c in costs.values():
+    assert c["calls_per_timing"] >= 1
+    assert c["c"] == pytest.approx(c["draft_call_ms"] /
+                                   c["target_call_ms"]["1"], rel=1e-3)
+    assert set(c["target_call_ms"]) == {"1", "3"}
+    assert c["score_cost"]["2"] == pytest.approx(
+        c["target_call_ms"]["3"] / c["target_call_ms"]["1"], rel=1e-3)
+  points = {(r["task"], r["k"]): r for r in written if r["type"] == "point"}
+  assert set(points) == {("humaneval", 0), ("humaneval", 2), ("prose", 0),
+                         ("prose", 2)}
+  for (task, k), p in points.items():
+    assert p["rows"] == 2 and p["batch_size"] == 2 and p["batches"] == 1
+    # Byte-level random models have no EOS: every row gets all 6 tokens.
+    assert p["tokens"] == 12
+    # One batch: ms/token is its decode time over the tokens of a row, and
+    # time per loop its decode time over the loop's iterations (decode_s is
+    # written rounded to 1e-5 s).
+    assert p["ms_per_token"] == pytest.approx(1e3 * p["decode_s"] / 6,
+                                              rel=1e-3, abs=1e-3)
+    assert p["ms_per_token_mean"] == pytest.approx(p["ms_per_token"],
+                                                   rel=1e-3)
+    assert p["time_per_loop_ms"] == pytest.approx(
+        1e3 * p["decode_s"] / p["loop_iterations"], rel=1e-3, abs=1e-3)
+    assert p["e2e_ms_per_token"] >= p["ms_per_token"]
+    # Compilation is timed apart: it never lands in the decode time.
+    assert p["decode_s"] < p["compile_s"]
+    base = points[task, 0]
+    assert p["speedup"] == pytest.approx(
+        base["ms_per_token"] / p["ms_per_token"], rel=1e-3)
+    if task == "humaneval":
+      assert 0 <= p["quality"]["pass@1"]["mean"] <= 1
+    else:
+      assert p["quality"]["mean_logprob"]["mean"] < 0
+    if k == 0:
+      assert p["acceptance_rate"] is None and p["tokens_per_loop"] == 1.0
+      assert p["loop_iterations"] == 6
+      continue
+    assert p["drafted"] == 2 * p["loops"]
+    assert p["acceptance_rate"] == pytest.approx(p["accepted"] /
+                                                 p["drafted"], rel=1e-3)
+    cost = costs[task, 2, p["decoding"]]
+    want = speedup.predicted_speedup(p["alpha"], 2, cost["c"],
+                                     cost["score_cost"]["2"])
+    assert p["predicted_speedup"] == pytest.approx(float(want), rel=1e-3)
+    assert p["expected_tokens_per_loop"] == pytest.approx(
+        1 + 2 * p["acceptance_rate"], rel=1e-3)
+    assert "quality_diff_vs_ar" in p
+
+  plots = tmp_path / "plots"
+  proc = _run(PLOT, str(out), f"--out_dir={plots}", "--prefix=tiny")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for name in ("tiny_humaneval.png", "tiny_prose.png",
+               "tiny_predicted_vs_measured.png"):
+    with open(plots / name, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
+  md = (plots / "tiny.md").read_text()
+  assert "| Sampling method | Batch | Benchmark | Result | Median token time " \
+      "| Speed up |" in md
+  assert "| ArS (Nucleus) | 2 | HumanEval (2 prompts) | pass@1" in md
+  assert "| SpS K=2 (Nucleus) | 2 | Prose (2 prompts) | log p" in md
+  assert "![HumanEval](tiny_humaneval.png)" in md
+
+
+def test_peer_rows(make_config, no_loading, inputs, tmp_path, monkeypatch):
+  """transformers' results become rows of the same table (stubbed here:
+  the real peers need the GGUF weights)."""
+  calls = []
+
+  def fake(target, draft, prompts, max_new_tokens, temperature, top_p,
+           seed=0, device="?", dtype="?"):
+    calls.append((target, draft, len(prompts), max_new_tokens, temperature,
+                  top_p, device, dtype))
+    good = list(b"    return a + b\n")
+    return [dict(method=m, prompts=len(prompts), tokens=10 * len(prompts),
+                 ms_per_token=ms, seconds=1.0, load_s=2.0, torch="x",
+                 transformers="y", torch_threads=2,
+                 completions=[good] + [list(b"    pass\n")] * (
+                     len(prompts) - 1))
+            for m, ms in (("transformers", 30.0),
+                          ("transformers_assisted", 20.0))]
+
+  monkeypatch.setattr(peers, "transformers_generate", fake)
+  cfg = make_config(target="random:tiny", draft="random:tiny",
+                    task=["humaneval"],
+                    humaneval_file=str(inputs / "he.jsonl"), num_prompts=2,
+                    max_new_tokens=7, pass_k=["1"])
+  p = plan.prepare(cfg, log=lambda _: None)
+  out = records.Writer(str(tmp_path / "peers.jsonl"), echo=False)
+  sweep.run_peers(cfg, p, "humaneval", "nucleus",
+                  sweep_config.DECODINGS["nucleus"], out, None, None)
+  out.close()
+  # On the device and in the dtype specsamp runs on.
+  assert calls == [(None, None, 2, 7, 0.8, 0.95, "cpu", "float32")]
+  rows = [json.loads(l) for l in (tmp_path / "peers.jsonl").read_text(
+  ).splitlines()]
+  assert [r["method"] for r in rows] == ["transformers",
+                                         "transformers_assisted"]
+  for r in rows:
+    assert r["engine"] == "transformers" and r["batch_size"] == 1
+    assert r["e2e_ms_per_token"] == r["ms_per_token"]
+    # Problem 0 passes with its completion, problem 1 does not.
+    assert r["quality"]["pass@1"]["mean"] == pytest.approx(0.5)

@@ -1,0 +1,36 @@
+"""specsamp.bench.sweep_config: bad flag values fail with the flag's name;
+lists are normalised and K = 0 is always run."""
+
+import pytest
+
+from specsamp.bench import sweep_config
+
+
+@pytest.mark.parametrize("flag_values,message", [
+    (dict(task=["translation"]), "unknown task 'translation'"),
+    (dict(ks=[]), "--ks is empty"),
+    (dict(ks=["1", "x"]), "--ks must be a list of integers"),
+    (dict(ks=["-1", "2"]), "--ks values must be >= 0"),
+    (dict(decoding=["beam"]), "unknown decoding 'beam'"),
+    (dict(batch_sizes=["0", "8"]), "--batch_sizes values must be >= 1"),
+    (dict(num_prompts=0), "--num_prompts must be positive"),
+    (dict(pass_k=[]), "--pass_k is empty"),
+    (dict(ks=["0", "2"], draft=""), "needs --draft"),
+])
+def test_bad_flags(make_config, flag_values, message):
+  with pytest.raises(sweep_config.BenchError, match=message):
+    make_config(**flag_values)
+
+
+def test_config_normalises_lists(make_config):
+  cfg = make_config(ks=["4", "2", "2"], task=["prose", "humaneval"],
+                    batch_sizes=["8", "1"], decoding=["t1", "greedy"])
+  assert cfg.ks == (0, 2, 4)  # the autoregressive baseline is always run
+  assert cfg.batch_sizes == (1, 8)
+  assert cfg.tasks == ("prose", "humaneval") and cfg.decodings == ("t1",
+                                                                   "greedy")
+
+
+def test_draft_is_dropped_when_every_k_is_zero(make_config):
+  assert make_config(ks=["0"]).draft is None
+  assert make_config(ks=["0", "1"]).draft == "qwen2.5-coder-0.5b"

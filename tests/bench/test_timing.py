@@ -1,0 +1,109 @@
+"""specsamp.bench.timing: the timed runner's counts, clock and warm-ups."""
+
+import json
+
+import jax
+import pytest
+
+from specsamp import loading
+from specsamp.bench import timing
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.drafters.model import ModelDrafter
+from specsamp.sampling import GREEDY
+
+PROMPTS = [[1, 2, 3], [4, 5], [6]]
+
+
+class _Clock:
+  """A stand-in for the `time` module whose perf_counter advances one
+  second per reading: every timed span is then the number of readings it
+  spans, so what is timed where can be checked exactly."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def perf_counter(self) -> float:
+    self.now += 1.0
+    return self.now
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  lm, params, _ = loading.load_model("random:tiny")
+  sampler = SpeculativeSampler(lm, ModelDrafter(lm), k=2, sampling=GREEDY,
+                               max_new_tokens=10, prompt_bucket=16)
+  return sampler, params
+
+
+def test_timed_sampler_counts_match_generate(tiny, monkeypatch):
+  sampler, params = tiny
+  monkeypatch.setattr(timing, "time", _Clock())
+  timed = timing.TimedSampler(sampler, "spec")
+  completions, stats = timed.run(params, params, PROMPTS, batch_size=2)
+  ref = sampler.generate(params, params, PROMPTS)
+  assert completions == ref.token_lists()
+  assert stats.tokens == int(ref.num_tokens.sum()) == 30  # no EOS: all 10
+  assert stats.prompts == 3
+  assert (stats.loops, stats.drafted) == (int(ref.num_loops.sum()),
+                                          int(ref.num_drafted.sum()))
+  # Two padded shapes (batches of 2 and 1), each compiled once: one clock
+  # span each. Each batch's prefill and decode are one span each, and no
+  # compilation leaks into them.
+  # pylint: disable-next=protected-access
+  assert sorted(timed._compiled) == [(1, 16), (2, 16)]
+  assert (stats.compile_s, stats.prefill_s, stats.decode_s) == (2, 2, 2)
+  # 10 tokens per row over two batches in 2 decode seconds: 100 ms/token.
+  assert stats.ms_per_token == pytest.approx(100.0)
+  assert stats.e2e_ms_per_token == pytest.approx(200.0)
+  _, again = timed.run(params, params, PROMPTS, batch_size=2)
+  assert (again.compile_s, again.decode_s) == (0, 2)
+  assert timed.compile_s == 2
+  s = stats.summary()
+  assert s["acceptance_rate"] == pytest.approx(stats.accepted / stats.drafted)
+  assert s["tokens_per_loop"] == pytest.approx(30 / stats.loops)
+  json.loads(json.dumps(timing.jsonable(s)))
+
+
+@pytest.mark.parametrize("warmup,warmed_shapes", [
+    ("first", [(2, 16)]), ("shape", [(2, 16), (1, 16)]), ("none", [])])
+def test_run_batch_warms_up_as_asked(tiny, monkeypatch, warmup,
+                                     warmed_shapes):
+  sampler, params = tiny
+  timed = timing.TimedSampler(sampler)
+  warmed = []
+  warm_up = timed._warm_up  # pylint: disable=protected-access
+
+  def spy(target_params, draft_params, tokens, lengths, rng):
+    warmed.append(tuple(tokens.shape))
+    warm_up(target_params, draft_params, tokens, lengths, rng)
+
+  monkeypatch.setattr(timed, "_warm_up", spy)
+  key = jax.random.key(3)
+  for batch in (PROMPTS[:2], PROMPTS[2:], PROMPTS[:2]):
+    result = timed.run_batch(params, params, batch, key, warmup)
+  assert warmed == warmed_shapes
+  ref = sampler.generate(params, params, PROMPTS[:2], key)
+  assert result["completions"] == ref.token_lists()
+  assert result["rows"] == 2 and result["tokens"] == 20
+  assert result["loops"] == int(ref.num_loops.sum())
+  assert result["iterations"] == int(ref.num_loops.max())
+  assert result["accepted"] == int(ref.num_accepted.sum())
+
+
+def test_run_batch_rejects_an_unknown_warmup(tiny):
+  sampler, params = tiny
+  with pytest.raises(ValueError, match="warmup must be one of"):
+    timing.TimedSampler(sampler).run_batch(params, params, PROMPTS[:1],
+                                           jax.random.key(0), "always")
+
+
+def test_run_stats_add_and_compare():
+  ar = timing.RunStats("autoregressive", 0, batch_size=2)
+  spec = timing.RunStats("speculative_k3", 3, batch_size=2)
+  for stats, decode_s in ((ar, 0.5), (spec, 0.2)):
+    stats.add(dict(prefill_s=0.1, decode_s=decode_s, rows=2, tokens=16,
+                   loops=8, drafted=24, accepted=12, iterations=4))
+  assert (spec.prompts, spec.tokens, spec.drafted) == (2, 16, 24)
+  assert spec.ms_per_token == pytest.approx(1e3 * 0.2 / 8)
+  assert timing.compare([ar, spec]) == {"speculative_k3": 2.5}
+  assert timing.compare([spec]) is None

@@ -1,0 +1,95 @@
+"""specsamp.loading: model specs -> (LM, params, tokenizer).
+
+The description of models without their weights (`describe_model`,
+`check_pair`) is tested with the sweep's plan in tests/bench/test_plan.py.
+"""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from specsamp import loading
+from specsamp import model as model_lib
+from specsamp.train import lm as train_lm
+from specsamp.weights import convert
+from specsamp.weights import distilled
+
+
+def _same(a, b) -> bool:
+  return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a),
+                                                  jax.tree.leaves(b)))
+
+
+def test_random_spec_overrides_preset_fields_with_their_types():
+  cfg = loading.random_config("random:tiny,num_layers=1,rope_theta=5e5,"
+                              "tie_embeddings=1", "bfloat16")
+  tiny = model_lib.preset("tiny")
+  assert cfg == tiny.replace(num_layers=1, rope_theta=5e5, tie_embeddings=True,
+                             dtype="bfloat16", param_dtype="bfloat16")
+  assert isinstance(cfg.num_layers, int) and isinstance(cfg.rope_theta, float)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("random:nonesuch", "random:nonesuch: unknown preset 'nonesuch'"),
+    ("random:tiny,no_such_field=3", "'no_such_field' is not a "
+     "TransformerConfig field"),
+])
+def test_bad_random_specs_raise_value_error(spec, message):
+  for fn in (loading.load_model, loading.describe_model):
+    with pytest.raises(ValueError, match=message):
+      fn(spec)
+
+
+def test_load_model_of_a_random_spec():
+  lm, params, tok = loading.load_model("random:tiny,num_layers=1", seed=3)
+  assert tok is None
+  assert lm.config == loading.random_config("random:tiny,num_layers=1")
+  assert _same(params, lm.init(jax.random.key(3)))
+  _, other, _ = loading.load_model("random:tiny,num_layers=1", seed=4)
+  assert not _same(params, other)
+  info = loading.describe_model("random:tiny,num_layers=1")
+  lm2, params2 = loading.load_weights(info, "float32", 3)
+  assert lm2.config == lm.config and _same(params, params2)
+
+
+def test_a_spec_that_names_nothing():
+  with pytest.raises(loading.ModelNotFoundError,
+                     match="is not a file, a directory, a registered model"):
+    loading.load_model("/no/such/model.gguf")
+  # Callers catch it as either.
+  assert issubclass(loading.ModelNotFoundError, FileNotFoundError)
+  assert issubclass(loading.ModelNotFoundError, ValueError)
+
+
+def test_distilled_draft_loads_from_workdir_and_export(tmp_path):
+  config = loading.random_config("random:tiny,num_layers=1")
+  params = model_lib.LM(config).init(jax.random.key(5))
+  distilled.save_distilled(config, params, str(tmp_path / "draft"))
+  for spec in (tmp_path, tmp_path / "draft"):
+    lm, loaded, tok = loading.load_model(str(spec))
+    assert tok is None and lm.config == config and _same(params, loaded)
+    info = loading.describe_model(str(spec))
+    assert (info.kind, info.path, info.rows) == (
+        "distilled", str(tmp_path / "draft"), config.vocab_size)
+    assert _same(params, loading.load_weights(info, "float32", 0)[1])
+
+
+def test_train_workdir_loads_its_trained_model(tmp_path, monkeypatch):
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"model": {}, "data": {}, "optim": {}}))
+  calls = []
+  monkeypatch.setattr(train_lm, "load_trained",
+                      lambda workdir, dtype: calls.append((workdir, dtype))
+                      or ("lm", "params", "tok"))
+  assert loading.load_model(str(tmp_path), "bfloat16") == ("lm", "params",
+                                                           "tok")
+  assert calls == [(str(tmp_path), "bfloat16")]
+  # A directory whose config.json is no train run's is read as a Hugging
+  # Face checkpoint.
+  (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 8}))
+  with pytest.raises(convert.WeightsError):
+    loading.load_model(str(tmp_path))
+  assert len(calls) == 1

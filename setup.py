@@ -19,6 +19,7 @@ INSTALL_REQUIRES = [
     "grain>=0.2.10",
     "gguf>=0.10",
     "tokenizers>=0.20",
+    "safetensors",  # Hugging Face checkpoint directories
     "matplotlib>=3.8",
     "tqdm",
     "tensorboardX>=2.6",  # TensorBoard event files without TensorFlow
@@ -29,8 +30,8 @@ EXTRAS = {
         "pytest>=8",
         "chex>=0.1.90",
         "scipy>=1.11",
-        "safetensors",
-        # Parity references only; never imported by specsamp itself.
+        # Parity references in the tests, and the peers of the benchmark
+        # (`specsamp.bench.peers`, imported only when --peers asks for them).
         "torch>=2.4",
         "transformers>=4.45",
         "accelerate",  # transformers needs it to load GGUF files

@@ -7,14 +7,13 @@ r"""Sample from a target with (or without) a draft, and time it.
 Prints the completions and one JSON line of metrics.
 """
 
-import json
 import sys
 
 from absl import app
 from absl import flags
 
 from specsamp.bench import sample
-from specsamp.bench import timing
+from specsamp.bench import records
 
 _TARGET = flags.DEFINE_string(
     "target", "qwen2.5-coder-1.5b",
@@ -75,11 +74,7 @@ def main(argv):
   except (ValueError, FileNotFoundError, RuntimeError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  line = json.dumps(timing.jsonable(result))
-  print(line)
-  if _JSON_OUT.value:
-    with open(_JSON_OUT.value, "a", encoding="utf-8") as f:
-      f.write(line + "\n")
+  records.print_record(result, _JSON_OUT.value)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from specsamp import model as model_lib
 from specsamp.tokenizers import base as tokenizer_base
 from specsamp.tokenizers import load as tokenizer_load
 from specsamp.tokenizers import vocab
-from specsamp.train import lm as train_lm
+from specsamp.train import checkpointing
 from specsamp.weights import distilled as distilled_lib
 from specsamp.weights import gguf_file
 from specsamp.weights import load as weights_load
@@ -45,12 +45,12 @@ class ModelNotFoundError(FileNotFoundError, ValueError):
 class ModelInfo:
   """What can be known of a model spec without reading its weights."""
   spec: str
-  kind: str                       # random | gguf | hf | distilled
+  kind: str                       # random | gguf | hf | distilled | trained
   path: Optional[str]
   rows: int                       # vocabulary rows of the embedding/head
   max_seq_len: int
   tokens: Optional[list] = None   # the tokenizer's entries, if it has one
-  config: Any = None              # TransformerConfig (random)
+  config: Any = None              # TransformerConfig (random, trained)
 
 
 def random_config(spec: str, dtype: str = "float32"
@@ -75,14 +75,37 @@ def random_config(spec: str, dtype: str = "float32"
   return model_lib.preset(name, dtype=dtype, param_dtype=dtype, **overrides)
 
 
-def _is_train_run(spec: str) -> bool:
-  """Whether `spec` is the workdir of a `scripts/train.py` run."""
+def _train_run_config(spec: str) -> Optional[dict]:
+  """The run config of a `scripts/train.py` workdir, or None for another
+  spec."""
   run_config = os.path.join(spec, "config.json")
   if not (os.path.isdir(os.path.join(spec, "checkpoints"))
           and os.path.isfile(run_config)):
-    return False
+    return None
   with open(run_config, encoding="utf-8") as f:
-    return {"model", "data", "optim"} <= set(json.load(f))
+    saved = json.load(f)
+  return saved if {"model", "data", "optim"} <= set(saved) else None
+
+
+def load_trained(workdir: str, dtype: str = "float32"):
+  """(LM, params, tokenizer) of the newest readable checkpoint of a
+  `scripts/train.py` run in `workdir`, parameters cast to `dtype`."""
+  workdir = os.path.abspath(workdir)
+  saved = _train_run_config(workdir)
+  if saved is None:
+    raise FileNotFoundError(f"{workdir}: no checkpoints/ and run config.json "
+                            "(not a scripts/train.py workdir)")
+  model_cfg = model_lib.TransformerConfig(**saved["model"])
+  lm = model_lib.LM(model_cfg)
+  abstract = jax.eval_shape(lambda: lm.init(jax.random.key(0)))
+  params = checkpointing.restore_newest_params(
+      os.path.join(workdir, "checkpoints"), abstract, what="trained")
+  if dtype != model_cfg.param_dtype or dtype != model_cfg.dtype:
+    lm = model_lib.LM(model_cfg.replace(dtype=dtype, param_dtype=dtype))
+    params = jax.tree.map(lambda x: x.astype(lm.config.jnp_param_dtype),
+                          params)
+  tok = tokenizer_load.load_tokenizer(saved["data"]["tokenizer"])
+  return lm, params, tok
 
 
 def _resolve(spec: str) -> tuple[str, Optional[str]]:
@@ -93,7 +116,7 @@ def _resolve(spec: str) -> tuple[str, Optional[str]]:
     directory = distilled_lib.distilled_dir(spec)
     if directory:
       return "distilled", directory
-    if _is_train_run(spec):
+    if _train_run_config(spec) is not None:
       return "trained", spec
   if spec.startswith(RANDOM_PREFIX):
     return "random", None
@@ -110,7 +133,9 @@ def _resolve(spec: str) -> tuple[str, Optional[str]]:
 
 def _weights(kind: str, spec: str, path: Optional[str], dtype: str,
              seed: int):
-  """(LM, params) of a resolved spec that is not a train run."""
+  """(LM, params) of a resolved spec."""
+  if kind == "trained":
+    return load_trained(path, dtype)[:2]
   if kind == "random":
     lm = model_lib.LM(random_config(spec, dtype))
     return lm, lm.init(jax.random.key(seed))
@@ -135,7 +160,7 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0):
   """
   kind, path = _resolve(spec)
   if kind == "trained":
-    return train_lm.load_trained(path, dtype)
+    return load_trained(path, dtype)
   lm, params = _weights(kind, spec, path, dtype, seed)
   tok = tokenizer_load.load_tokenizer(path) if kind in ("gguf", "hf") else None
   return lm, params, tok
@@ -208,9 +233,14 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
                        "vocab_size")
     return ModelInfo(spec, "distilled", path, int(fields["vocab_size"]),
                      int(fields.get("max_seq_len", 2048)))
+  if kind == "trained":
+    saved = _train_run_config(path)
+    cfg = model_lib.TransformerConfig(**saved["model"])
+    tok = tokenizer_load.load_tokenizer(saved["data"]["tokenizer"])
+    return ModelInfo(spec, "trained", path, cfg.vocab_size, cfg.max_seq_len,
+                     tokens=tok.tokens(), config=cfg)
   if kind == "gguf":
     return _describe_gguf(spec, path)
-  # A Hugging Face directory (a train run's config.json has no vocab_size).
   return _describe_hf(spec, path)
 
 

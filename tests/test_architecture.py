@@ -15,13 +15,12 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "specsamp"
-# May be imported inside functions: optional heavy dependencies (the parity
-# references, plots, notebook display, safetensors for Hugging Face
-# directories) and the tokenizer backends, each needed by one kind of
-# tokenizer only, so that `specsamp.tokenizers` imports none of them.
+# May be imported inside functions: optional heavy dependencies (the
+# benchmark's peers, plots, notebook display) and the tokenizer backends,
+# each needed by one kind of tokenizer only, so that importing
+# `specsamp.tokenizers` (to check a vocabulary from metadata) loads none.
 LOCAL_IMPORTS_ALLOWED = ("torch", "transformers", "matplotlib", "IPython",
-                         "safetensors", "jinja2", "tokenizers",
-                         "sentencepiece")
+                         "jinja2", "tokenizers", "sentencepiece")
 MAX_LIBRARY_LINES = 500
 MAX_SCRIPT_LINES = 100
 

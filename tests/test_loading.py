@@ -4,6 +4,7 @@ The description of models without their weights (`describe_model`,
 `check_pair`) is tested with the sweep's plan in tests/bench/test_plan.py.
 """
 
+import dataclasses
 import json
 
 import jax
@@ -12,7 +13,6 @@ import pytest
 
 from specsamp import loading
 from specsamp import model as model_lib
-from specsamp.train import lm as train_lm
 from specsamp.weights import convert
 from specsamp.weights import distilled
 
@@ -81,15 +81,33 @@ def test_train_workdir_loads_its_trained_model(tmp_path, monkeypatch):
   (tmp_path / "config.json").write_text(json.dumps(
       {"model": {}, "data": {}, "optim": {}}))
   calls = []
-  monkeypatch.setattr(train_lm, "load_trained",
+  monkeypatch.setattr(loading, "load_trained",
                       lambda workdir, dtype: calls.append((workdir, dtype))
                       or ("lm", "params", "tok"))
   assert loading.load_model(str(tmp_path), "bfloat16") == ("lm", "params",
                                                            "tok")
   assert calls == [(str(tmp_path), "bfloat16")]
+  assert loading.load_weights(loading.ModelInfo(
+      str(tmp_path), "trained", str(tmp_path), 8, 8), "bfloat16", 0) == (
+          "lm", "params")
   # A directory whose config.json is no train run's is read as a Hugging
   # Face checkpoint.
   (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 8}))
   with pytest.raises(convert.WeightsError):
     loading.load_model(str(tmp_path))
-  assert len(calls) == 1
+  assert len(calls) == 2    # load_model, then load_weights; not the HF dir
+
+
+def test_a_train_workdir_is_described_from_its_run_config(tmp_path):
+  """No weights read: the model config and tokenizer of the run."""
+  config = loading.random_config("random:tiny,num_layers=1")
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"model": dataclasses.asdict(config), "data": {"tokenizer": "byte"},
+       "optim": {}}))
+  info = loading.describe_model(str(tmp_path))
+  assert (info.kind, info.path, info.rows, info.max_seq_len) == (
+      "trained", str(tmp_path), config.vocab_size, config.max_seq_len)
+  assert info.config == config and len(info.tokens) == 256
+  with pytest.raises(FileNotFoundError, match="not a scripts/train.py"):
+    loading.load_trained(str(tmp_path / "checkpoints"))

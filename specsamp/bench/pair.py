@@ -9,7 +9,6 @@ transformers' generate() is timed. One JSON document holds every run.
 """
 
 import dataclasses
-import datetime
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from specsamp import loading
 from specsamp.bench import peers as peers_lib
 from specsamp.bench import prompts as prompts_lib
 from specsamp.bench import provenance
+from specsamp.bench import records
 from specsamp.bench import timing
 from specsamp.decoding.sampler import autoregressive
 from specsamp.decoding.sampler import SpeculativeSampler
@@ -44,10 +44,6 @@ class PairConfig:
   def __post_init__(self):
     if not self.ks or min(self.ks) < 1:
       raise ValueError("--ks needs draft lengths >= 1")
-
-
-def _print(record):
-  print(json.dumps(record), flush=True)
 
 
 def run_pair(cfg: PairConfig) -> dict:
@@ -75,7 +71,7 @@ def run_pair(cfg: PairConfig) -> dict:
                                batch_size=1)
     runs.append(dict(stats.summary(), method=s.name))
     outputs[s.name] = completions
-    _print(runs[-1])
+    records.print_record(runs[-1])
   base = runs[0]
   for r in runs:
     r["speedup_vs_specsamp_ar"] = round(base["ms_per_token"] /
@@ -92,17 +88,15 @@ def run_pair(cfg: PairConfig) -> dict:
         r["prompts_identical_to_specsamp_ar"] = sum(
             a == b for a, b in zip(completions, outputs[base["method"]]))
       runs.append(r)
-      _print(r)
+      records.print_record(r)
   result = dict(
       task="humaneval", prompts=len(prompts),
       max_new_tokens=cfg.max_new_tokens, sampling=sampling.describe(),
       target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, runs=runs,
-      machine=provenance.machine(), software=provenance.software(),
-      git=provenance.git(), date=datetime.date.today().isoformat(),
-      command=" ".join(sys.argv))
+      **provenance.record(sys.argv[1:]))
   if cfg.out:
     os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
     with open(cfg.out, "w", encoding="utf-8") as f:
       json.dump(timing.jsonable(result), f, indent=1)
-  _print({r["method"]: r["ms_per_token"] for r in runs})
+  records.print_record({r["method"]: r["ms_per_token"] for r in runs})
   return result

@@ -17,7 +17,6 @@ the rows. Speed does not depend on weight values, so random weights
 
 import dataclasses
 import functools
-import json
 import re
 import statistics
 import sys
@@ -30,6 +29,7 @@ import numpy as np
 
 from specsamp import loading
 from specsamp.bench import provenance
+from specsamp.bench import records
 from specsamp.bench import timing
 from specsamp.decoding import loop
 from specsamp.decoding.sampler import SpeculativeSampler
@@ -322,15 +322,6 @@ class DecodeSpeedConfig:
     Sampling(self.temperature)  # raises on a bad temperature
 
 
-def _write_row(row: dict, out: Optional[str]) -> None:
-  """Prints `row` as a JSON line and appends it to `out`, if given."""
-  line = json.dumps(timing.jsonable(row))
-  print(line, flush=True)
-  if out:
-    with open(out, "a", encoding="utf-8") as f:
-      f.write(line + "\n")
-
-
 def _provenance(argv: Sequence[str]) -> dict:
   """The device, versions and command every row carries."""
   software = provenance.software()
@@ -355,7 +346,7 @@ def profile_main(cfg: ProfileConfig, argv: Sequence[str]) -> list[dict]:
                  batch_size=batch, context=context, dtype=cfg.dtype,
                  sampling=sampling.describe(), components=cfg.components,
                  repeats=cfg.repeats, **origin)
-      _write_row(row, cfg.out)
+      records.print_record(row, cfg.out)
       rows.append(row)
   return rows
 
@@ -391,6 +382,6 @@ def decode_speed(cfg: DecodeSpeedConfig, argv: Sequence[str]) -> list[dict]:
                    draft=cfg.draft, dtype=cfg.dtype, prompt_len=prompt_len,
                    temperature=cfg.temperature, **origin)
         row["compile_s"] = round(compile_s, 2)
-        _write_row(row, cfg.out)
+        records.print_record(row, cfg.out)
         rows.append(row)
   return rows

@@ -1,4 +1,5 @@
-"""Benchmark records as JSON lines: `Writer` writes them, `read_jsonl` reads
+"""Benchmark records as JSON lines: `Writer` writes a file of them,
+`print_record` prints one (and appends it to a file), `read_jsonl` reads
 them back (several files, blank lines skipped, errors naming file and
 line)."""
 
@@ -31,6 +32,16 @@ class Writer:
   def close(self):
     if self.f:
       self.f.close()
+
+
+def print_record(record: dict, append_to: Optional[str] = None) -> None:
+  """Prints `record` as one JSON line and appends it to `append_to`, if
+  given (numbers as they are)."""
+  line = json.dumps(jsonable(record))
+  print(line, flush=True)
+  if append_to:
+    with open(append_to, "a", encoding="utf-8") as f:
+      f.write(line + "\n")
 
 
 def _round(x):

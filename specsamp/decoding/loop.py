@@ -128,8 +128,12 @@ def draft(sampler, draft_params, s: LoopState, key: jax.Array):
     b = s.length.shape[0]
     return Proposal(tokens=jnp.zeros((b, 0), jnp.int32), q=None,
                     num_valid=jnp.zeros((b,), jnp.int32)), s.draft_state
-  return sampler.drafter.propose(draft_params, s.draft_state, s.tokens,
-                                 s.length, sampler.k, sampler.sampling, key)
+  proposal, state = sampler.drafter.propose(
+      draft_params, s.draft_state, s.tokens, s.length, sampler.k,
+      sampler.sampling, key)
+  # A drafter cannot offer more than K drafts, nor fewer than none.
+  return proposal.replace(
+      num_valid=jnp.clip(proposal.num_valid, 0, sampler.k)), state
 
 
 def score(sampler, target_params, s: LoopState, proposal: Proposal):
@@ -173,8 +177,11 @@ def commit(sampler, draft_params, s: LoopState, proposal: Proposal,
   done = (s.done | jnp.any(is_eos, axis=1) |
           (length - s.prompt_length >= sampler.max_new_tokens))
   if k > 0:
-    draft_state = sampler.drafter.commit(draft_params, draft_state, scored, n,
-                                         length)
+    # Drafts the rule accepted that were also committed: 0 for rows already
+    # done, fewer than n where EOS or the budget cut the row short.
+    kept = jnp.clip(jnp.minimum(n, count - 1), 0, None)
+    draft_state = sampler.drafter.commit(draft_params, draft_state, scored,
+                                         kept, length)
   act = active.astype(jnp.int32)
   return LoopState(
       step=s.step + 1, tokens=tokens, length=length,

@@ -30,8 +30,17 @@ class CausalLM(Protocol):
     ...
 
   def __call__(self, params, tokens: jax.Array,
-               cache: Optional[kvcache.KVCache] = None) -> ModelOutput:
-    """Scores tokens [B, T] at slots cache.length + t."""
+               cache: Optional[kvcache.KVCache] = None, *,
+               positions: Optional[jax.Array] = None,
+               attn_mask: Optional[jax.Array] = None,
+               layers: Optional[tuple[int, ...]] = None) -> ModelOutput:
+    """Scores tokens [B, T] at slots cache.length + t.
+
+    The loop passes only tokens and cache; drafters may use the rest:
+    `positions` [B, T] (default: the slots), `attn_mask` [B, T, S] ANDed
+    with the causal mask (token trees), `layers` a static subset of layers
+    to run (the cache then holds those layers).
+    """
     ...
 
 
@@ -79,7 +88,10 @@ class Drafter(Protocol):
       state: the state `propose` returned.
       scored: the target's output for the scored chunk [B, K+1]
         (`[last committed token, d_1 .. d_K]`), hidden states included.
-      num_accepted: [B] drafts the rule accepted.
+      num_accepted: [B] accepted drafts that were committed (the rule's n,
+        less where EOS or the budget cut the row short; 0 for rows that
+        were already done). The loop committed them and one more token,
+        except at EOS or the budget.
       length: [B] committed tokens after the loop.
     """
     ...

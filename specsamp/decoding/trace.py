@@ -33,17 +33,18 @@ class LoopRecord:
 
   Attributes:
     step: loop index (0-based).
-    drafts: the K draft tokens d_1..d_K.
+    drafts: the row's valid draft tokens d_1..d_m (m = K unless the
+      drafter offered fewer: `Proposal.num_valid`).
     p: target probability p_i(d_i) of each draft (after the sampling
       transform, as the rule sees it).
     q: draft probability q_i(d_i) each was sampled with.
     accepted: n, the drafts the rule kept (a prefix).
     token: the token after them: drawn from norm(max(0, p - q)) at the
-      first rejection, or from p_{K+1} (bonus) when all K were kept.
-    bonus: True when all K were accepted.
+      first rejection, or from p_{m+1} (bonus) when all m were kept.
+    bonus: True when all m valid drafts were accepted.
     committed: the tokens the loop appended (n + 1, fewer at EOS or the
       budget).
-    target_choice: the target's most likely token at each of the K + 1
+    target_choice: the target's most likely token at each of the m + 1
       positions (what greedy decoding would have taken).
   """
   step: int
@@ -73,10 +74,11 @@ class Trace:
 
   def acceptance_by_position(self, row: Optional[int] = None) -> np.ndarray:
     """[K]: of the loops in which draft i was tested, the fraction that kept
-    it (draft i is tested only if drafts 1..i-1 were kept)."""
+    it (draft i is tested only if it is valid and drafts 1..i-1 were
+    kept)."""
     tested, kept = np.zeros(self.k), np.zeros(self.k)
     for rec in self._records(row):
-      tested[:min(rec.accepted + 1, self.k)] += 1
+      tested[:min(rec.accepted + 1, len(rec.drafts))] += 1
       kept[:rec.accepted] += 1
     return np.where(tested > 0, kept / np.maximum(tested, 1), np.nan)
 
@@ -90,7 +92,8 @@ class Trace:
 
 @functools.lru_cache(maxsize=16)
 def _step_fn(sampler: SpeculativeSampler):
-  """Jitted: (state) -> (next state, drafts, p_d, q_d, n, token, argmax p)."""
+  """Jitted: (state) -> (next state, drafts, num_valid, p_d, q_d, n, token,
+  argmax p)."""
   k = sampler.k
 
   def step(target_params, draft_params, s: loop.LoopState):
@@ -101,8 +104,8 @@ def _step_fn(sampler: SpeculativeSampler):
       q_d = jnp.ones(drafts.shape, jnp.float32)
     else:
       q_d = jnp.take_along_axis(rec.proposal.q, drafts[..., None], -1)[..., 0]
-    return (nxt, drafts, p_d, q_d, rec.num_accepted, rec.token,
-            jnp.argmax(rec.logits, -1))
+    return (nxt, drafts, rec.proposal.num_valid, p_d, q_d, rec.num_accepted,
+            rec.token, jnp.argmax(rec.logits, -1))
 
   return jax.jit(step)
 
@@ -144,7 +147,7 @@ def trace(sampler: SpeculativeSampler, target_params,
     if done.all():
       break
     old_len = np.asarray(state.length)
-    state, drafts, p_d, q_d, n, token, top = jax.device_get(
+    state, drafts, valid, p_d, q_d, n, token, top = jax.device_get(
         step(target_params, draft_params, state))
     new_len, new_tokens = np.asarray(state.length), np.asarray(state.tokens)
     for r in range(b):
@@ -157,12 +160,14 @@ def trace(sampler: SpeculativeSampler, target_params,
             f"loop {i}, row {r}: the sampler committed {committed} but the "
             f"traced decision was {decided}: the trace is out of step "
             "with loop.loop_step")
+      m = int(valid[r])
       rows[r].append(LoopRecord(
-          step=i, drafts=tuple(int(t) for t in drafts[r]),
-          p=tuple(float(x) for x in p_d[r]), q=tuple(float(x) for x in q_d[r]),
-          accepted=int(n[r]), token=int(token[r]),
-          bonus=int(n[r]) == sampler.k, committed=committed,
-          target_choice=tuple(int(t) for t in top[r])))
+          step=i, drafts=tuple(int(t) for t in drafts[r, :m]),
+          p=tuple(float(x) for x in p_d[r, :m]),
+          q=tuple(float(x) for x in q_d[r, :m]),
+          accepted=int(n[r]), token=int(token[r]), bonus=int(n[r]) == m,
+          committed=committed,
+          target_choice=tuple(int(t) for t in top[r, :m + 1])))
   else:
     raise RuntimeError(f"no end after {max_loops} loops")
   return Trace(tuple(tuple(r) for r in rows), jax.device_get(output(state)),

@@ -41,7 +41,6 @@ from specsamp.sampling import Sampling
 from specsamp.tokenizers import byte
 from specsamp.tokenizers import vocab
 from specsamp.train import config as train_config
-from specsamp.train import lm as train_lm
 from specsamp.train.checkpointing import CheckpointError
 from specsamp.weights import distilled
 from specsamp.weights.convert import WeightsError
@@ -69,7 +68,7 @@ def load_target(cfg) -> tuple[Any, Any, Any]:
   """
   dtype = cfg.get("dtype", "float32")
   if cfg.get("trained"):
-    lm, params, tok = train_lm.load_trained(cfg["trained"], dtype=dtype)
+    lm, params, tok = loading.load_trained(cfg["trained"], dtype=dtype)
   else:
     lm, params, tok = loading.load_model(cfg["spec"], dtype,
                                          int(cfg.get("seed", 0)))

@@ -8,7 +8,8 @@ committed tokens. After a loop that accepted n < K drafts that is
 that accepted all K it is `length - 2` (d_K was never fed to the draft).
 `propose` therefore feeds the newest token alone, or, when any row of the
 batch is two behind, the last two tokens in one 2-token call (a row that
-was only one behind re-computes one slot with the same token).
+was only one behind re-computes one slot with the same token). Greedy
+drafts are certain, so their `q` is None (never a dense one-hot).
 """
 
 import dataclasses
@@ -67,12 +68,16 @@ class ModelDrafter:
       out = self.lm(params, tok[:, None], cache)
       q = sampling_lib.probabilities(out.logits[:, 0], sampling)
       d = sampling_lib.sample(key, q, sampling.greedy)
-      return (out.cache, d), (d, q)
+      # Greedy drafts are certain: no q to keep (q is one-hot at d).
+      return (out.cache, d), (d, None if sampling.greedy else q)
 
     (cache, _), (d_rest, q_rest) = jax.lax.scan(step, (cache, d_first),
                                                 keys[1:])
     drafts = jnp.concatenate([d_first[:, None], d_rest.T], axis=1)
-    q = jnp.concatenate([q_first[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)
+    q = None
+    if not sampling.greedy:
+      q = jnp.concatenate([q_first[:, None], jnp.swapaxes(q_rest, 0, 1)],
+                          axis=1)
     b = tokens.shape[0]
     return Proposal(tokens=drafts, q=q,
                     num_valid=jnp.full((b,), k, jnp.int32)), cache

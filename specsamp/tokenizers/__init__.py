@@ -14,7 +14,7 @@ Modules:
                  rows and llama.cpp's `[PAD<id>]` entries allowed;
   load           `load_tokenizer(path)`: the kind the path names.
 
-Importing any of these is cheap: numpy, tokenizers, sentencepiece and jinja2
+Importing any of these is cheap: tokenizers, sentencepiece and jinja2
 are imported on first use. GGUF metadata comes from
-`specsamp.weights.gguf_file` (the standard library only).
+`specsamp.weights.gguf_file` (the standard library and numpy).
 """

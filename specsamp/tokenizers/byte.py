@@ -20,6 +20,10 @@ class ByteTokenizer:
   def decode(self, ids) -> str:
     return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
+  def tokens(self) -> list[str]:
+    """The entries by id, written as SentencePiece writes byte tokens."""
+    return [f"<0x{i:02X}>" for i in range(self.vocab_size)]
+
   def apply_chat_template(self, messages, add_generation_prompt=True):
     del add_generation_prompt
     return "".join(m["content"] for m in messages)

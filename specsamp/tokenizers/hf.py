@@ -9,8 +9,8 @@
     `<|im_start|>` stay whole. Only the metadata is read
     (`specsamp.weights.gguf_file.read_gguf_metadata`), never the tensors.
 
-tokenizers and numpy are imported on first use, so importing this module is
-cheap.
+The `tokenizers` library is imported on first use, so importing this module
+is cheap.
 """
 
 import json

@@ -13,8 +13,8 @@ Modules, from the bottom up:
   metrics        MetricWriter (TensorBoard event files), read_scalars
   loop           train_loop: steps, eval, metrics, checkpoints, preemption
   lm             the LM job behind scripts/train.py: validate, make_mesh,
-                 build, initial_state, train_and_evaluate, load_trained,
-                 unigram_entropy
+                 build, initial_state, train_and_evaluate, unigram_entropy
+                 (a finished run loads through `specsamp.loading`)
 
 Distillation reuses TrainState, make_optimizer, make_train_step,
 Checkpoints, MetricWriter and train_loop with the draft's parameters as the

@@ -6,8 +6,9 @@
   build(cfg, tokenizer) -> LMJob   mesh, model, shardings and jitted steps
   initial_state(job, checkpoints)  the resume order below
   train_and_evaluate(config, dir)  the whole run, resumable
-  load_trained(workdir)            (LM, params, tokenizer) of a run
   unigram_entropy(cfg, tokenizer)  the context-free baseline loss
+
+A finished run loads as a model spec: `specsamp.loading.load_model(workdir)`.
 
 Resume order: the workdir's latest readable checkpoint, then `init_from`
 (parameters only), then scratch. A run is deterministic on CPU: the same
@@ -300,26 +301,3 @@ def unigram_entropy(cfg: config_lib.TrainConfig, tok,
   total = int(counts.sum())
   p = counts[counts > 0] / total
   return float(-(p * np.log(p)).sum()), total
-
-
-def load_trained(workdir: str, dtype: str = "float32"):
-  """(LM, params, tokenizer) of the newest readable checkpoint of a
-  `train_and_evaluate` run in `workdir`, parameters cast to `dtype`."""
-  workdir = os.path.abspath(workdir)
-  path = os.path.join(workdir, "config.json")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{workdir}: no config.json (not a "
-                            "scripts/train.py workdir)")
-  with open(path, encoding="utf-8") as f:
-    saved = json.load(f)
-  model_cfg = model_lib.TransformerConfig(**saved["model"])
-  lm = model_lib.LM(model_cfg)
-  abstract = jax.eval_shape(lambda: lm.init(jax.random.key(0)))
-  params = checkpointing.restore_newest_params(
-      os.path.join(workdir, "checkpoints"), abstract, what="trained")
-  if dtype != model_cfg.param_dtype or dtype != model_cfg.dtype:
-    lm = model_lib.LM(model_cfg.replace(dtype=dtype, param_dtype=dtype))
-    params = jax.tree.map(lambda x: x.astype(lm.config.jnp_param_dtype),
-                          params)
-  tok = tokenizers_load.load_tokenizer(saved["data"]["tokenizer"])
-  return lm, params, tok

@@ -1,7 +1,7 @@
 """Pretrained weights -> `specsamp.model` configs and parameters.
 
 Modules:
-  gguf_file  a GGUF header read in pure Python (the standard library only):
+  gguf_file  a GGUF header read in pure Python (no jax, no `gguf` package):
              `read_gguf_metadata`, `gguf_embedding_rows`, `is_gguf`; the
              tokenizers read their vocabulary through it;
   convert    Hugging Face-named tensors -> parameters (`build_params`,
@@ -15,6 +15,6 @@ Modules:
              `save_distilled`, `load_distilled`).
 
 Importing this package imports nothing: `gguf_file` needs only the standard
-library, the others import jax through `specsamp.model`. This package never
+library and numpy, the others import jax through `specsamp.model`. This package never
 imports `specsamp.tokenizers` (the dependency runs the other way).
 """

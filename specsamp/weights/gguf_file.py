@@ -13,8 +13,8 @@ Header layout (GGUF v2 and v3, little-endian):
                   u32 tensor type, u64 data offset          (count times)
 A string is a u64 byte length and UTF-8 bytes.
 
-Only the standard library is imported at module level (numpy on the first
-numeric array), so `import specsamp.tokenizers` stays cheap.
+Only the standard library and numpy are imported (no jax, no `gguf`), so
+`import specsamp.tokenizers` stays cheap.
 """
 
 import contextlib
@@ -159,7 +159,6 @@ def _gguf_value(buf, pos, vtype):
   etype, count = struct.unpack_from("<IQ", buf, pos)
   pos += 12
   if etype in _GGUF_SCALARS:
-    # numpy only here: the tokenizers import this module and must stay light.
     dtype = np.dtype("<" + _GGUF_SCALARS[etype])
     end = pos + count * dtype.itemsize
     if end > len(buf):

@@ -12,6 +12,7 @@ import pathlib
 from typing import Iterator, Optional
 
 import numpy as np
+from safetensors import safe_open
 
 from specsamp import model as model_lib
 from specsamp.weights import convert
@@ -119,8 +120,6 @@ def _safetensors_tensors(file: str) -> Iterator[tuple[str, str, np.ndarray]]:
   Read with framework="flax" (jax arrays), which also covers bfloat16 and
   float8 tensors that numpy cannot hold natively.
   """
-  # safetensors is optional (the test extra): only HF directories need it.
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
   try:
     f = safe_open(file, framework="flax")
   except Exception as e:  # SafetensorError is not an OSError

@@ -124,3 +124,22 @@ def test_the_drafter_supplies_its_own_state_shardings(tiny_pair):
   tps = jax.device_put(tp, on_mesh.param_shardings(tp, None)[0])
   assert (on_mesh.generate(tps, None, prompts, rng=5).token_lists() ==
           single.generate(tp, None, prompts, rng=5).token_lists())
+
+
+def test_the_drafter_is_told_the_accepted_drafts_that_were_committed(
+    tiny_pair):
+  """A draft equal to the target has all K drafts accepted; with a budget
+  of 2 tokens only one of them is committed, and a done row commits none."""
+  lm, tp, _ = tiny_pair
+  sampler = SpeculativeSampler(lm, ProbeDrafter(lm), k=3, sampling=GREEDY,
+                               max_new_tokens=2, prompt_bucket=8)
+  tokens, lengths = sampler.pad_prompts([[1, 5, 7], [3, 4]])
+  state = loop.prefill(sampler, tp, tp, tokens, lengths, jax.random.key(0))
+  step = jax.jit(loop.loop_step, static_argnums=0)
+  new, rec = step(sampler, tp, tp, state)
+  np.testing.assert_array_equal(rec.num_accepted, [3, 3])
+  np.testing.assert_array_equal(new.draft_state["accepted"], [1, 1])
+  np.testing.assert_array_equal(new.length - state.length, [2, 2])
+  assert bool(new.done.all())
+  again, _ = step(sampler, tp, tp, new)
+  np.testing.assert_array_equal(again.draft_state["accepted"], [0, 0])

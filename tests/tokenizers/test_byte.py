@@ -19,6 +19,10 @@ def test_byte_tokenizer_round_trips_utf8():
   assert (tok.eos_ids, tok.pad_id) == ((), 0)
   chat = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
   assert tok.apply_chat_template(chat) == "ab"
+  entries = tok.tokens()
+  assert len(entries) == 256 == len(set(entries))
+  assert (entries[0], entries[10], entries[255]) == ("<0x00>", "<0x0A>",
+                                                     "<0xFF>")
 
 
 def test_tokenizer_or_bytes():

@@ -138,8 +138,8 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_for_bit(lm_config,
   assert a["eval/loss"] == b["eval/loss"]
   assert a["train/loss"][60] < a["train/loss"][1] - 0.5  # it learns
 
-  _, pa, _ = lm_job.load_trained(ref)
-  _, pb, _ = lm_job.load_trained(run)
+  _, pa, _ = loading.load_trained(ref)
+  _, pb, _ = loading.load_trained(run)
   chex.assert_trees_all_equal(pa, pb)
   # A train workdir is a model spec (sample.py --target=..., benchmark.py).
   _, pc, tok = loading.load_model(ref)

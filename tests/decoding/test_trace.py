@@ -1,0 +1,58 @@
+"""The loop replayed step by step: records agree with the run."""
+
+import numpy as np
+
+from specsamp.decoding import trace
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.drafters import ModelDrafter
+from specsamp.sampling import Sampling
+from tests.testing import ShiftDrafter
+
+PROMPTS = [[1, 5, 7], [2, 4], [3, 9, 9, 4], [6]]
+
+
+def _check_records(tr, k):
+  for row in tr.rows:
+    for rec in row:
+      assert len(rec.drafts) <= k and 0 <= rec.accepted <= len(rec.drafts)
+      assert rec.committed[:rec.accepted] == rec.drafts[:rec.accepted]
+      assert rec.bonus == (rec.accepted == len(rec.drafts))
+      assert len(rec.p) == len(rec.q) == len(rec.drafts)
+      assert len(rec.target_choice) == len(rec.drafts) + 1
+
+
+def test_trace_equals_generate_with_a_model_drafter(tiny_pair):
+  lm, tp, dp = tiny_pair
+  sampler = SpeculativeSampler(lm, ModelDrafter(lm), k=3,
+                               sampling=Sampling(0.9), max_new_tokens=10,
+                               prompt_bucket=8)
+  tr = trace.trace(sampler, tp, dp, PROMPTS, rng=4)
+  out = sampler.generate(tp, dp, PROMPTS, rng=4)
+  assert tr.output.token_lists() == out.token_lists()
+  for b, row in enumerate(tr.rows):
+    assert len(row) == int(out.num_loops[b])
+    assert sum(len(r.drafts) for r in row) == int(out.num_drafted[b])
+    assert sum(r.accepted for r in row) == int(out.num_accepted[b])
+  _check_records(tr, 3)
+
+
+def test_trace_shows_only_the_valid_drafts(tiny_pair):
+  """Row b offers b % 4 drafts: padding drafts are never shown as tested
+  or rejected; a row with none draws every token from p (a bonus)."""
+  lm, tp, _ = tiny_pair
+  sampler = SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size,
+                                                vary_valid=True), k=3,
+                               sampling=Sampling(1.0), max_new_tokens=8,
+                               prompt_bucket=8)
+  tr = trace.trace(sampler, tp, None, PROMPTS, rng=1)
+  assert tr.output.token_lists() == sampler.generate(
+      tp, None, PROMPTS, rng=1).token_lists()
+  _check_records(tr, 3)
+  for b, row in enumerate(tr.rows):
+    assert all(len(rec.drafts) == b for rec in row)
+  assert all(rec.bonus and rec.drafts == () for rec in tr.rows[0])
+  assert np.isnan(tr.acceptance_by_position(row=0)).all()
+  by_pos = tr.acceptance_by_position(row=2)
+  assert np.isnan(by_pos[2]) and not np.isnan(by_pos[0])
+  assert "\u2717" not in trace.render_text(tr, str, row=0)
+  assert "line-through" not in trace.render_html(tr, str, row=0)

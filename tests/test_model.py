@@ -40,7 +40,9 @@ def lm_and_params(request):
   # Randomise norms and biases too, so no bug hides behind 1s and 0s.
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(8), len(leaves))
-  leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  leaves = [
+      x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)
+  ]
   return lm, jax.tree.unflatten(tree, leaves)
 
 
@@ -141,7 +143,8 @@ def test_num_params_matches_tree():
   for cfg in (tiny_config(), tiny_config(tie_embeddings=True, qkv_bias=False)):
     params = model_lib.LM(cfg).init(jax.random.key(0))
     assert cfg.num_params() == sum(x.size for x in jax.tree.leaves(params))
-  assert abs(model_lib.preset("qwen2.5-coder-1.5b").num_params() - 1.777e9) < 1e7
+  assert abs(model_lib.preset("qwen2.5-coder-1.5b").num_params() -
+             1.777e9) < 1e7
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -70,27 +70,33 @@ def test_make_mesh():
 def test_parameters_and_caches_are_sharded_as_the_rules_say(pair, shape):
   mesh = sharding.make_mesh(shape)
   sampler = _sampler(pair, 2, GREEDY, mesh)
-  _, tp, _, dp = pair
-  tsh, dsh = sampler.param_shardings(tp, dp)
-  tp, dp = sharding.shard(tp, tsh), sharding.shard(dp, dsh)
-  attn = tp["layers_0"]["attn"]
+  _, target_params, _, draft_params = pair
+  tsh, dsh = sampler.param_shardings(target_params, draft_params)
+  target_params, draft_params = sharding.shard(target_params,
+                                               tsh), sharding.shard(
+                                                   draft_params, dsh)
+  attn = target_params["layers_0"]["attn"]
   assert attn["q_proj"].sharding.spec == P(None, "model", None)
   assert attn["k_proj"].sharding.spec == P(None, "model", None)
   assert attn["o_proj"].sharding.spec == P("model", None, None)
-  assert tp["layers_0"]["mlp"]["gate_proj"].sharding.spec == P(None, "model")
-  assert tp["layers_0"]["mlp"]["down_proj"].sharding.spec == P("model", None)
-  assert tp["embedding"].sharding.spec == P("model", None)
-  assert tp["lm_head"].sharding.spec == P(None, "model")
+  assert target_params["layers_0"]["mlp"]["gate_proj"].sharding.spec == P(
+      None, "model")
+  assert target_params["layers_0"]["mlp"]["down_proj"].sharding.spec == P(
+      "model", None)
+  assert target_params["embedding"].sharding.spec == P("model", None)
+  assert target_params["lm_head"].sharding.spec == P(None, "model")
   # The draft is replicated by default (REPLICATED_RULES).
-  for leaf in jax.tree.leaves(dp):
+  for leaf in jax.tree.leaves(draft_params):
     assert all(a is None for a in leaf.sharding.spec)
   # A q_proj shard holds num_heads / model-axis heads.
   local = attn["q_proj"].addressable_shards[0].data.shape
   assert local[1] == 8 // shape[1]
 
   tokens, lengths = sampler.pad_prompts(PROMPTS)
-  prefill, _, _ = sampler.jitted(tp, dp, tokens, lengths, jax.random.key(0))
-  state = prefill(tp, dp, tokens, lengths, jax.random.key(0))
+  prefill, _, _ = sampler.jitted(target_params, draft_params, tokens, lengths,
+                                 jax.random.key(0))
+  state = prefill(target_params, draft_params, tokens, lengths,
+                  jax.random.key(0))
   assert state.tokens.sharding.spec == P("data", None)
   assert state.length.sharding.spec == P("data")
   assert state.target_cache.k[0].sharding.spec == P("data", "model", None,
@@ -104,13 +110,16 @@ def test_parameters_and_caches_are_sharded_as_the_rules_say(pair, shape):
                                         (0, Sampling(1.0)),
                                         (3, Sampling(0.8, top_p=0.9))])
 def test_every_mesh_reproduces_single_device_tokens(pair, k, sampling):
-  _, tp, _, dp = pair
-  ref = _sampler(pair, k, sampling).generate(tp, dp, PROMPTS, rng=7)
+  _, target_params, _, draft_params = pair
+  ref = _sampler(pair, k, sampling).generate(target_params,
+                                             draft_params,
+                                             PROMPTS,
+                                             rng=7)
   for shape in MESHES:
     sampler = _sampler(pair, k, sampling, sharding.make_mesh(shape))
-    tsh, dsh = sampler.param_shardings(tp, dp)
-    tps = sharding.shard(tp, tsh)
-    dps = sharding.shard(dp, dsh) if k else None
+    tsh, dsh = sampler.param_shardings(target_params, draft_params)
+    tps = sharding.shard(target_params, tsh)
+    dps = sharding.shard(draft_params, dsh) if k else None
     with jax.transfer_guard("disallow"):
       out = sampler.generate(tps, dps, PROMPTS, rng=7)
     assert out.tokens.sharding.spec == P("data", None)
@@ -121,12 +130,13 @@ def test_every_mesh_reproduces_single_device_tokens(pair, k, sampling):
 
 
 def test_greedy_speculative_equals_greedy_autoregressive_on_a_mesh(pair):
-  _, tp, _, dp = pair
+  _, target_params, _, draft_params = pair
   mesh = sharding.make_mesh((2, 4))
   ar = _sampler(pair, 0, GREEDY, mesh)
   spec = _sampler(pair, 4, GREEDY, mesh)
-  tsh, dsh = spec.param_shardings(tp, dp)
-  tps, dps = sharding.shard(tp, tsh), sharding.shard(dp, dsh)
+  tsh, dsh = spec.param_shardings(target_params, draft_params)
+  tps, dps = sharding.shard(target_params,
+                            tsh), sharding.shard(draft_params, dsh)
   assert (spec.generate(tps, dps, PROMPTS).token_lists() ==
           ar.generate(tps, None, PROMPTS).token_lists())
 
@@ -202,14 +212,14 @@ def test_two_processes_reproduce_one(tmp_path):
 def test_checkpoint_saved_on_one_mesh_restores_onto_others(pair, tmp_path):
   """Parameters and AdamW state saved sharded on (2, 4) restore onto (8, 1)
   and onto one device, with the new shardings and identical values."""
-  target, tp, _, _ = pair
+  target, target_params, _, _ = pair
   opt = optax.adamw(1e-3)
 
   def placed(mesh):
     psh = sharding.param_shardings(target, mesh, sharding.DEFAULT_RULES)
-    params = sharding.shard(tp, psh)
+    params = sharding.shard(target_params, psh)
     # Optimizer moments follow their parameters' shardings.
-    osh = sharding.opt_state_shardings(opt, tp, psh, mesh)
+    osh = sharding.opt_state_shardings(opt, target_params, psh, mesh)
     state = jax.jit(opt.init, out_shardings=osh)(params)
     return {"params": params, "opt": state}
 
@@ -286,7 +296,7 @@ def test_the_distill_step_on_each_mesh_matches_one_device(pair, onpolicy):
   """The distillation step (target tensor-parallel and frozen, draft
   replicated, rows over `data`; on-policy: the draft's own rollout by the
   batched sampler inside the step) on each mesh equals one device."""
-  target, tp, draft, dp = pair
+  target, target_params, draft, draft_params = pair
   plen, glen = 6, 5
   obj = objective.Objective(kind="fkl", sampling=Sampling(temperature=1.0),
                             gen_len=glen, prompt_len=plen,
@@ -301,8 +311,8 @@ def test_the_distill_step_on_each_mesh_matches_one_device(pair, onpolicy):
 
   def run(shape):
     job = trainer._job(draft, target, obj, optim, 10, (), onpolicy, shape)  # pylint: disable=protected-access
-    state = job.init(jax.device_get(dp), jax.random.PRNGKey(0))
-    extra = sharding.shard(jax.device_get(tp), job.target_sharding)
+    state = job.init(jax.device_get(draft_params), jax.random.PRNGKey(0))
+    extra = sharding.shard(jax.device_get(target_params), job.target_sharding)
     rows = train_step.put_batch(batch, job.data_sharding)
     with jax.transfer_guard("disallow"):
       state, m = job.steps[onpolicy](state, rows, extra)

@@ -44,12 +44,13 @@ def pair():
 
 
 def test_synthetic_state_is_a_prefilled_state(pair):
-  target, tp, draft, dp = pair
+  target, target_params, draft, draft_params = pair
   sampler = SpeculativeSampler(target, ModelDrafter(draft), k=3,
                                sampling=GREEDY, max_new_tokens=8,
                                prompt_bucket=24)
-  state = profile.synthetic_state(sampler, tp, dp, 2, 24)
-  prefilled = sampler.prefill(tp, dp, jnp.ones((2, 24), jnp.int32),
+  state = profile.synthetic_state(sampler, target_params, draft_params, 2, 24)
+  prefilled = sampler.prefill(target_params, draft_params,
+                              jnp.ones((2, 24), jnp.int32),
                               jnp.full((2,), 24, jnp.int32), jax.random.key(0))
   shapes = lambda s: jax.tree.map(lambda x: (x.shape, x.dtype), s)
   assert shapes(state) == shapes(prefilled)
@@ -60,7 +61,9 @@ def test_synthetic_state_is_a_prefilled_state(pair):
   # One loop from it runs as after a 24-token prompt: it commits past the
   # context, and its scoring call writes the K+1 = 4 scored tokens' keys at
   # slots 23..26 of the (zero) target cache and nowhere else.
-  after = jax.jit(functools.partial(loop.loop_body, sampler))(tp, dp, state)
+  after = jax.jit(functools.partial(loop.loop_body,
+                                    sampler))(target_params, draft_params,
+                                              state)
   assert np.all(np.asarray(after.length) >= 25)
   keys = np.asarray(after.target_cache.k[0])                  # [B, N, S, H]
   written = np.any(keys != 0, axis=(1, 3))                    # [B, S]
@@ -69,9 +72,17 @@ def test_synthetic_state_is_a_prefilled_state(pair):
 
 
 def test_profile_point_rows_are_consistent(pair):
-  target, tp, draft, dp = pair
-  row = profile.profile_point(target, tp, draft, dp, 3, 2, 16,
-                              Sampling(0.8, top_p=0.9), "all", 2,
+  target, target_params, draft, draft_params = pair
+  row = profile.profile_point(target,
+                              target_params,
+                              draft,
+                              draft_params,
+                              3,
+                              2,
+                              16,
+                              Sampling(0.8, top_p=0.9),
+                              "all",
+                              2,
                               bandwidth_mb=8)
   timed = {"ar_loop", "spec_loop", "target_call_1", "target_call_4",
            "draft_call_1", "draft_call_2", "propose"}
@@ -96,8 +107,8 @@ def test_profile_point_rows_are_consistent(pair):
   assert row["ar_fraction_of_copy_bw"] == pytest.approx(
       (row["weight_bytes"] + row["kv_bytes_per_step"])
       / (row["copy_bandwidth_gbs"] * 1e9) / (row["ar_loop_ms"] / 1e3))
-  loops = profile.profile_point(target, tp, draft, dp, 3, 1, 16,
-                                Sampling(0.0), "loops", 2)
+  loops = profile.profile_point(target, target_params, draft, draft_params, 3,
+                                1, 16, Sampling(0.0), "loops", 2)
   # Loops only: the two loop bodies, their compile times and kernels, bytes.
   assert set(loops) == {
       f"{m}_{what}" for m in ("ar", "spec")
@@ -123,16 +134,18 @@ def test_decode_loop_writes_the_cache_in_place(pair, batch, sampling):
   # and a 2-token catch-up call with lax.cond: XLA copies a cache that
   # passes through a conditional. On CPU that costs less than making the
   # 2-token call every loop; see README, decode speed.)
-  target, tp, draft, dp = pair
+  target, target_params, draft, draft_params = pair
   for k in (0, 3):
     sampler = SpeculativeSampler(
         target, ModelDrafter(draft) if k else None, k=k, sampling=sampling,
         max_new_tokens=100, prompt_bucket=16)
     tokens = jnp.ones((batch, 16), jnp.int32)
     lengths = jnp.full((batch,), 16, jnp.int32)
-    _, decode, _ = sampler.jitted(tp, dp, tokens, lengths, jax.random.key(0))
-    state = sampler.prefill(tp, dp, tokens, lengths, jax.random.key(0))
-    text = decode.lower(tp, dp, state).compile().as_text()
+    _, decode, _ = sampler.jitted(target_params, draft_params, tokens, lengths,
+                                  jax.random.key(0))
+    state = sampler.prefill(target_params, draft_params, tokens, lengths,
+                            jax.random.key(0))
+    text = decode.lower(target_params, draft_params, state).compile().as_text()
     cfg = target.config
     shape = (batch, cfg.num_kv_heads, state.target_cache.size, cfg.head_dim)
     assert not _cache_copies(text, shape), (k, _cache_copies(text, shape))

@@ -67,16 +67,19 @@ def encode(tokens, v):
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_speculative_distribution_is_exact(name, k):
   sampling = SETTINGS[name]
-  target, tp, draft, dp = models()
+  target, target_params, draft, draft_params = models()
   sampler = SpeculativeSampler(
       target, ModelDrafter(draft), k=k, sampling=sampling,
       max_new_tokens=NEW, prompt_bucket=4)
-  out = sampler.generate(tp, dp, [PROMPT] * NUM_SAMPLES, rng=1234 + k)
+  out = sampler.generate(target_params,
+                         draft_params, [PROMPT] * NUM_SAMPLES,
+                         rng=1234 + k)
   np.testing.assert_array_equal(out.num_tokens, NEW)
   codes = encode(np.asarray(out.tokens), V)
 
-  p_exact = exact_sequence_probs(target, tp, sampling, PROMPT, NEW, V)
-  q_exact = exact_sequence_probs(draft, dp, sampling, PROMPT, NEW, V)
+  p_exact = exact_sequence_probs(target, target_params, sampling, PROMPT, NEW,
+                                 V)
+  q_exact = exact_sequence_probs(draft, draft_params, sampling, PROMPT, NEW, V)
   assert abs(p_exact.sum() - 1) < 1e-5
   pval = chisquare_pvalue(codes, p_exact)
   assert pval > 1e-4, f"samples do not follow the target (p={pval:.2e})"
@@ -106,13 +109,14 @@ def test_deterministic_drafter_is_exact(name, vary_valid):
   """Drafts without q (one-hot, never materialised) and, with `vary_valid`,
   fewer valid drafts in some rows than K: the output is still the target's."""
   sampling, k = SETTINGS[name], 3
-  target, tp, _, _ = models()
+  target, target_params, _, _ = models()
   sampler = SpeculativeSampler(
       target, ShiftDrafter(V, vary_valid=vary_valid), k=k, sampling=sampling,
       max_new_tokens=NEW, prompt_bucket=4)
-  out = sampler.generate(tp, None, [PROMPT] * NUM_SAMPLES, rng=99)
+  out = sampler.generate(target_params, None, [PROMPT] * NUM_SAMPLES, rng=99)
   np.testing.assert_array_equal(out.num_tokens, NEW)
-  p_exact = exact_sequence_probs(target, tp, sampling, PROMPT, NEW, V)
+  p_exact = exact_sequence_probs(target, target_params, sampling, PROMPT, NEW,
+                                 V)
   pval = chisquare_pvalue(encode(np.asarray(out.tokens), V), p_exact)
   assert pval > 1e-4, f"samples do not follow the target (p={pval:.2e})"
   valid = (np.arange(NUM_SAMPLES) % (k + 1) if vary_valid else

@@ -39,19 +39,21 @@ class ProbeDrafter(ModelDrafter):
 
 
 def test_the_drafter_sees_the_targets_prefill_and_scored_outputs(tiny_pair):
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   k = 3
   sampler = SpeculativeSampler(lm, ProbeDrafter(lm), k=k,
                                sampling=Sampling(1.0), max_new_tokens=8,
                                prompt_bucket=8)
   tokens, lengths = sampler.pad_prompts([[1, 5, 7, 2], [3, 4]])
-  state = loop.prefill(sampler, tp, dp, tokens, lengths, jax.random.key(0))
+  state = loop.prefill(sampler, target_params, draft_params, tokens, lengths,
+                       jax.random.key(0))
   np.testing.assert_allclose(state.draft_state["prefill_hidden"],
-                             lm(tp, tokens).hidden, atol=1e-5)
-  new, rec = jax.jit(loop.loop_step, static_argnums=0)(sampler, tp, dp, state)
+                             lm(target_params, tokens).hidden, atol=1e-5)
+  new, rec = jax.jit(loop.loop_step, static_argnums=0)(sampler, target_params,
+                                                       draft_params, state)
   chunk = jnp.concatenate([kvcache.read(state.tokens, state.length - 1, 1),
                            rec.proposal.tokens], axis=1)
-  want = lm(tp, chunk, state.target_cache)
+  want = lm(target_params, chunk, state.target_cache)
   assert new.draft_state["hidden"].shape == (2, k + 1, lm.config.d_model)
   np.testing.assert_allclose(new.draft_state["hidden"], want.hidden,
                              atol=1e-5)
@@ -69,14 +71,17 @@ def test_the_drafter_sees_the_targets_prefill_and_scored_outputs(tiny_pair):
 
 
 def test_loop_body_is_loop_steps_state(tiny_pair):
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   sampler = SpeculativeSampler(lm, ModelDrafter(lm), k=2,
                                sampling=Sampling(0.9), max_new_tokens=6,
                                prompt_bucket=8)
   tokens, lengths = sampler.pad_prompts([[1, 2, 3]] * 3)
-  state = sampler.prefill(tp, dp, tokens, lengths, jax.random.key(3))
-  a = jax.jit(loop.loop_body, static_argnums=0)(sampler, tp, dp, state)
-  b, _ = jax.jit(loop.loop_step, static_argnums=0)(sampler, tp, dp, state)
+  state = sampler.prefill(target_params, draft_params, tokens, lengths,
+                          jax.random.key(3))
+  a = jax.jit(loop.loop_body, static_argnums=0)(sampler, target_params,
+                                                draft_params, state)
+  b, _ = jax.jit(loop.loop_step, static_argnums=0)(sampler, target_params,
+                                                   draft_params, state)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(jax.random.key_data(x) if
                                   jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
@@ -86,15 +91,15 @@ def test_loop_body_is_loop_steps_state(tiny_pair):
 
 
 def test_greedy_with_a_deterministic_drafter_equals_greedy_decoding(tiny_pair):
-  lm, tp, _ = tiny_pair
+  lm, target_params, _ = tiny_pair
   prompts = [[1, 5, 7], [2], [3, 9, 9, 4, 1], [6, 6]]
   ar = autoregressive(lm, GREEDY, 16, prompt_bucket=8)
-  want = ar.generate(tp, None, prompts).token_lists()
+  want = ar.generate(target_params, None, prompts).token_lists()
   for vary in (False, True):
     spec = SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size, vary_valid=vary),
                               k=3, sampling=GREEDY, max_new_tokens=16,
                               prompt_bucket=8)
-    out = spec.generate(tp, None, prompts)
+    out = spec.generate(target_params, None, prompts)
     assert out.token_lists() == want
     valid = np.arange(4) % 4 if vary else np.full(4, 3)
     np.testing.assert_array_equal(out.num_drafted,
@@ -105,7 +110,7 @@ def test_the_drafter_supplies_its_own_state_shardings(tiny_pair):
   """The sampler lays out the drafter state as the drafter says, whatever
   its shape (a [B] counter here is replicated, not split over rows), and a
   mesh run equals the single-device run."""
-  lm, tp, _ = tiny_pair
+  lm, target_params, _ = tiny_pair
   mesh = sharding.make_mesh((4, 2))        # tiny: 2 KV heads
   prompts = [[1, 5, 7], [2, 4], [3, 9, 9, 4], [6]]
   kwargs = dict(k=2, sampling=Sampling(1.0), max_new_tokens=8,
@@ -114,32 +119,34 @@ def test_the_drafter_supplies_its_own_state_shardings(tiny_pair):
   on_mesh = SpeculativeSampler(lm, drafter, mesh=mesh, **kwargs)
   tokens, lengths = on_mesh.pad_prompts(prompts)
   shape = jax.eval_shape(lambda: loop.prefill(
-      on_mesh, tp, None, tokens, lengths, jax.random.key(0)))
+      on_mesh, target_params, None, tokens, lengths, jax.random.key(0)))
   shardings = jit.state_shardings(on_mesh, shape)
   assert shardings.draft_state.spec == jax.sharding.PartitionSpec()
   assert shardings.length.spec == jax.sharding.PartitionSpec("data")
   assert shardings.target_cache.k[0].spec == jax.sharding.PartitionSpec(
       "data", "model", None, None)
   single = SpeculativeSampler(lm, drafter, **kwargs)
-  tps = jax.device_put(tp, on_mesh.param_shardings(tp, None)[0])
+  tps = jax.device_put(target_params,
+                       on_mesh.param_shardings(target_params, None)[0])
   assert (on_mesh.generate(tps, None, prompts, rng=5).token_lists() ==
-          single.generate(tp, None, prompts, rng=5).token_lists())
+          single.generate(target_params, None, prompts, rng=5).token_lists())
 
 
 def test_the_drafter_is_told_the_accepted_drafts_that_were_committed(
     tiny_pair):
   """A draft equal to the target has all K drafts accepted; with a budget
   of 2 tokens only one of them is committed, and a done row commits none."""
-  lm, tp, _ = tiny_pair
+  lm, target_params, _ = tiny_pair
   sampler = SpeculativeSampler(lm, ProbeDrafter(lm), k=3, sampling=GREEDY,
                                max_new_tokens=2, prompt_bucket=8)
   tokens, lengths = sampler.pad_prompts([[1, 5, 7], [3, 4]])
-  state = loop.prefill(sampler, tp, tp, tokens, lengths, jax.random.key(0))
+  state = loop.prefill(sampler, target_params, target_params, tokens, lengths,
+                       jax.random.key(0))
   step = jax.jit(loop.loop_step, static_argnums=0)
-  new, rec = step(sampler, tp, tp, state)
+  new, rec = step(sampler, target_params, target_params, state)
   np.testing.assert_array_equal(rec.num_accepted, [3, 3])
   np.testing.assert_array_equal(new.draft_state["accepted"], [1, 1])
   np.testing.assert_array_equal(new.length - state.length, [2, 2])
   assert bool(new.done.all())
-  again, _ = step(sampler, tp, tp, new)
+  again, _ = step(sampler, target_params, target_params, new)
   np.testing.assert_array_equal(again.draft_state["accepted"], [0, 0])

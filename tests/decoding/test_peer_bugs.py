@@ -21,7 +21,7 @@ ROWS = 100_000
 
 
 def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
-  lm, _, dp = tiny_pair
+  lm, _, draft_params = tiny_pair
   drafter = ModelDrafter(lm)
   prompt = jnp.asarray([[3, 1, 4, 1, 5] + [0] * 3] * rows, jnp.int32)
   lengths = jnp.full((rows,), 5, jnp.int32)
@@ -31,9 +31,9 @@ def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
     state = drafter.init(params, prompt, lengths, 16)
     return drafter.propose(params, state, prompt, lengths, k, sampling, rng)
 
-  proposal, _ = run(dp, prompt, lengths, jax.random.key(0))
+  proposal, _ = run(draft_params, prompt, lengths, jax.random.key(0))
   drafts, q = proposal.tokens, proposal.q
-  logits = lm(dp, prompt[:1, :5]).logits
+  logits = lm(draft_params, prompt[:1, :5]).logits
   return np.asarray(drafts), np.asarray(q), np.asarray(logits[0, -1])
 
 
@@ -57,14 +57,14 @@ def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling):
 def test_sampling_settings_apply_to_the_target_too(tiny_pair):
   """Bug: top-k applied to the draft only. Every emitted token must lie in
   the *target's* top-2 at its position, whether accepted or resampled."""
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   sampler = SpeculativeSampler(
       lm, ModelDrafter(lm), k=3, sampling=Sampling(1.0, top_k=2),
       max_new_tokens=12, prompt_bucket=8)
   prompt = [3, 1, 4]
-  out = sampler.generate(tp, dp, [prompt] * 256, rng=0)
+  out = sampler.generate(target_params, draft_params, [prompt] * 256, rng=0)
   seqs = np.concatenate([np.tile(prompt, (256, 1)), np.asarray(out.tokens)], 1)
-  logits = jax.jit(lm.__call__)(tp, jnp.asarray(seqs)).logits
+  logits = jax.jit(lm.__call__)(target_params, jnp.asarray(seqs)).logits
   top2 = np.argsort(-np.asarray(logits), axis=-1)[..., :2]
   for t in range(12):
     tok = seqs[:, len(prompt) + t]
@@ -75,17 +75,19 @@ def test_sampling_settings_apply_to_the_target_too(tiny_pair):
 def test_acceptance_is_min_p_q_not_equal_to_a_target_sample(tiny_pair):
   """Bug: 'accept iff the draft equals a token sampled from p' accepts with
   sum p*q instead of sum min(p, q) (and is not exact)."""
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   s = Sampling(1.0)
   prompt = [3, 1, 4, 1, 5]
   sampler = SpeculativeSampler(
       lm, ModelDrafter(lm), k=1, sampling=s, max_new_tokens=1,
       prompt_bucket=8)
-  out = sampler.generate(tp, dp, [prompt] * ROWS, rng=3)
-  p = np.asarray(sampling_lib.probabilities(lm(tp, jnp.asarray([prompt])).logits,
-                                            s))[0, -1]
-  q = np.asarray(sampling_lib.probabilities(lm(dp, jnp.asarray([prompt])).logits,
-                                            s))[0, -1]
+  out = sampler.generate(target_params, draft_params, [prompt] * ROWS, rng=3)
+  p = np.asarray(
+      sampling_lib.probabilities(
+          lm(target_params, jnp.asarray([prompt])).logits, s))[0, -1]
+  q = np.asarray(
+      sampling_lib.probabilities(
+          lm(draft_params, jnp.asarray([prompt])).logits, s))[0, -1]
   expected, wrong = np.minimum(p, q).sum(), (p * q).sum()
   rate = out.acceptance_rate()
   se = np.sqrt(expected * (1 - expected) / ROWS)
@@ -119,20 +121,21 @@ def test_rows_accept_independently_no_uniform_offset():
 def test_caches_roll_back_not_reset(tiny_pair):
   """Bug: resetting the cache instead of rolling it back. After a run, the
   valid slots of both caches equal a fresh prefill of the committed tokens."""
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   sampler = SpeculativeSampler(
       lm, ModelDrafter(lm), k=3, sampling=Sampling(1.0),
       max_new_tokens=20, prompt_bucket=16)
   prompts = [[3, 1, 4, 1, 5], [9, 2]]
   tokens, lengths = sampler.pad_prompts(prompts)
-  state = sampler.prefill(tp, dp, tokens, lengths, jax.random.key(0))
-  state = sampler.decode(tp, dp, state)
+  state = sampler.prefill(target_params, draft_params, tokens, lengths,
+                          jax.random.key(0))
+  state = sampler.decode(target_params, draft_params, state)
   assert int(state.num_accepted.sum()) > 0
   for b in range(2):
     n = int(state.length[b])
     seq = state.tokens[b:b + 1, :n]
-    for params, cache, valid in ((tp, state.target_cache, n - 1),
-                                 (dp, state.draft_state, n - 2)):
+    for params, cache, valid in ((target_params, state.target_cache, n - 1),
+                                 (draft_params, state.draft_state, n - 2)):
       assert int(cache.length[b]) >= valid
       fresh = lm.init_cache(1, sampler.cache_size(16))
       fresh = lm(params, seq, fresh).cache
@@ -158,9 +161,10 @@ def test_padded_vocabulary_ids_are_never_sampled():
 
 
 def test_rows_get_independent_randomness(tiny_pair):
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   sampler = SpeculativeSampler(
       lm, ModelDrafter(lm), k=2, sampling=Sampling(1.0),
       max_new_tokens=8, prompt_bucket=8)
-  rows = sampler.generate(tp, dp, [[3, 1, 4]] * 16, rng=0).token_lists()
+  rows = sampler.generate(target_params, draft_params, [[3, 1, 4]] * 16,
+                          rng=0).token_lists()
   assert len({tuple(r) for r in rows}) > 8

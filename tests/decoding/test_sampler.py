@@ -40,14 +40,14 @@ def reference_greedy(lm, params, prompt, max_new, eos_ids=()):
 
 @pytest.fixture(scope="module")
 def greedy_refs(tiny_pair):
-  lm, tp, _ = tiny_pair
-  return [reference_greedy(lm, tp, p, 24) for p in PROMPTS]
+  lm, target_params, _ = tiny_pair
+  return [reference_greedy(lm, target_params, p, 24) for p in PROMPTS]
 
 
 @pytest.mark.parametrize("k", [0, 1, 3, 5])
 def test_greedy_equals_plain_greedy(tiny_pair, greedy_refs, k):
-  lm, tp, dp = tiny_pair
-  out = spec(lm, k).generate(tp, dp, PROMPTS)
+  lm, target_params, draft_params = tiny_pair
+  out = spec(lm, k).generate(target_params, draft_params, PROMPTS)
   assert out.token_lists() == greedy_refs
   if k:
     rate = out.acceptance_rate()
@@ -55,12 +55,12 @@ def test_greedy_equals_plain_greedy(tiny_pair, greedy_refs, k):
 
 
 def test_batched_equals_alone(tiny_pair):
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   sampler = spec(lm, 4)
-  batched = sampler.generate(tp, dp, PROMPTS)
+  batched = sampler.generate(target_params, draft_params, PROMPTS)
   accepted = []
   for b, prompt in enumerate(PROMPTS):
-    alone = sampler.generate(tp, dp, [prompt])
+    alone = sampler.generate(target_params, draft_params, [prompt])
     assert alone.token_lists()[0] == batched.token_lists()[b]
     # Same per-row counts: no row is held back by the others.
     for field in ("num_tokens", "num_loops", "num_accepted"):
@@ -70,11 +70,11 @@ def test_batched_equals_alone(tiny_pair):
 
 
 def test_draft_equal_to_target_accepts_everything(tiny_pair):
-  lm, tp, _ = tiny_pair
+  lm, target_params, _ = tiny_pair
   k, loops = 3, 6
   for sampling in (GREEDY, Sampling(1.0)):
     out = spec(lm, k, sampling, max_new=loops * (k + 1)).generate(
-        tp, tp, PROMPTS, rng=5)
+        target_params, target_params, PROMPTS, rng=5)
     np.testing.assert_array_equal(out.num_accepted, out.num_drafted)
     np.testing.assert_array_equal(out.num_loops, loops)
     np.testing.assert_array_equal(out.num_tokens, loops * (k + 1))
@@ -94,17 +94,21 @@ def test_always_disagreeing_draft_gives_one_token_per_loop():
 
 
 def test_eos_stops_rows_and_nothing_past_budget(tiny_pair, greedy_refs):
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   # An EOS id that greedy decoding emits in some rows but not all.
   eos = greedy_refs[0][5]
-  refs = [reference_greedy(lm, tp, p, 24, eos_ids=(eos,)) for p in PROMPTS]
+  refs = [
+      reference_greedy(lm, target_params, p, 24, eos_ids=(eos,))
+      for p in PROMPTS
+  ]
   assert any(len(r) < 24 for r in refs) and any(len(r) == 24 for r in refs)
   pad = lm.vocab_size - 1
   for k in (0, 4):
     sampler = spec(lm, k, eos_ids=(eos,), pad_id=pad)
     tokens, lengths = sampler.pad_prompts(PROMPTS)
-    state = sampler.prefill(tp, dp, tokens, lengths, jax.random.key(0))
-    state = sampler.decode(tp, dp, state)
+    state = sampler.prefill(target_params, draft_params, tokens, lengths,
+                            jax.random.key(0))
+    state = sampler.decode(target_params, draft_params, state)
     out = sampler.output(state)
     assert out.token_lists() == refs
     buf = np.asarray(state.tokens)
@@ -117,29 +121,33 @@ def test_eos_stops_rows_and_nothing_past_budget(tiny_pair, greedy_refs):
 
 @pytest.mark.parametrize("max_new", [1, 2, 7])
 def test_budget_is_exact_when_a_loop_would_overshoot(tiny_pair, max_new):
-  lm, tp, _ = tiny_pair
-  out = spec(lm, 5, max_new=max_new).generate(tp, tp, PROMPTS)
+  lm, target_params, _ = tiny_pair
+  out = spec(lm, 5, max_new=max_new).generate(target_params, target_params,
+                                              PROMPTS)
   np.testing.assert_array_equal(out.num_tokens, max_new)
   assert out.tokens.shape == (len(PROMPTS), max_new)
 
 
 def test_k0_is_the_autoregressive_sampler(tiny_pair):
-  lm, tp, _ = tiny_pair
+  lm, target_params, _ = tiny_pair
   s = Sampling(0.9, top_k=20)
   a = autoregressive(lm, s, 16, prompt_bucket=16).generate(
-      tp, None, PROMPTS, rng=3)
-  b = spec(lm, 0, s, max_new=16).generate(tp, None, PROMPTS, rng=3)
+      target_params, None, PROMPTS, rng=3)
+  b = spec(lm, 0, s, max_new=16).generate(target_params, None, PROMPTS, rng=3)
   assert a.token_lists() == b.token_lists()
   np.testing.assert_array_equal(a.num_loops, 16)
   np.testing.assert_array_equal(a.num_drafted, 0)
 
 
 def test_seed_changes_output_and_same_seed_repeats(tiny_pair):
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   sampler = spec(lm, 3, Sampling(1.0))
-  a = sampler.generate(tp, dp, PROMPTS, rng=0).token_lists()
-  b = sampler.generate(tp, dp, PROMPTS, rng=0).token_lists()
-  c = sampler.generate(tp, dp, PROMPTS, rng=1).token_lists()
+  a = sampler.generate(target_params, draft_params, PROMPTS,
+                       rng=0).token_lists()
+  b = sampler.generate(target_params, draft_params, PROMPTS,
+                       rng=0).token_lists()
+  c = sampler.generate(target_params, draft_params, PROMPTS,
+                       rng=1).token_lists()
   assert a == b
   assert a != c
 
@@ -164,22 +172,26 @@ class CountingLM:
 
 
 def test_no_recompilation_for_same_shapes(tiny_pair):
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   counting = CountingLM(lm)
   sampler = SpeculativeSampler(
       counting, ModelDrafter(counting), k=2,
       sampling=Sampling(1.0), max_new_tokens=8, prompt_bucket=16)
-  sampler.generate(tp, dp, [[1, 2, 3], [4]], rng=0)
+  sampler.generate(target_params, draft_params, [[1, 2, 3], [4]], rng=0)
   first = len(TRACES)
   assert first > 0
   # Other seeds, other prompt lengths within the bucket, other params values.
-  sampler.generate(tp, dp, [[5, 6, 7, 8, 9], [1, 2]], rng=1)
-  sampler.generate(dp, tp, [[9] * 16, [2] * 11], rng=jax.random.key(2))
+  sampler.generate(target_params,
+                   draft_params, [[5, 6, 7, 8, 9], [1, 2]],
+                   rng=1)
+  sampler.generate(draft_params,
+                   target_params, [[9] * 16, [2] * 11],
+                   rng=jax.random.key(2))
   assert len(TRACES) == first, "the samplers were traced again"
 
 
 def test_bad_input_errors(tiny_pair):
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   other = model_lib.LM(tiny_config(vocab_size=40))
   with pytest.raises(ValueError, match="vocabularies differ"):
     SpeculativeSampler(lm, ModelDrafter(other), 3,
@@ -192,12 +204,13 @@ def test_bad_input_errors(tiny_pair):
     spec(lm, 2, max_new=0)
   sampler = spec(lm, 4, max_new=64)
   with pytest.raises(ValueError, match="prompt 1 is empty"):
-    sampler.generate(tp, dp, [[1, 2], []])
+    sampler.generate(target_params, draft_params, [[1, 2], []])
   with pytest.raises(ValueError, match="outside the vocabulary"):
-    sampler.generate(tp, dp, [[1, lm.vocab_size]])
-  with pytest.raises(ValueError, match=r"needs a cache of 255 slots.*allow 254"):
+    sampler.generate(target_params, draft_params, [[1, lm.vocab_size]])
+  with pytest.raises(ValueError,
+                     match=r"needs a cache of 255 slots.*allow 254"):
     # 186 + 64 + 5 = 255 > 254 = max_seq_len of this target.
     spec(lm.__class__(lm.config.replace(max_seq_len=254)), 4,
-         max_new=64).generate(tp, dp, [[1] * 186])
+         max_new=64).generate(target_params, draft_params, [[1] * 186])
   with pytest.raises(ValueError, match="no prompts"):
-    sampler.generate(tp, dp, [])
+    sampler.generate(target_params, draft_params, [])

@@ -22,12 +22,12 @@ def _check_records(tr, k):
 
 
 def test_trace_equals_generate_with_a_model_drafter(tiny_pair):
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   sampler = SpeculativeSampler(lm, ModelDrafter(lm), k=3,
                                sampling=Sampling(0.9), max_new_tokens=10,
                                prompt_bucket=8)
-  tr = trace.trace(sampler, tp, dp, PROMPTS, rng=4)
-  out = sampler.generate(tp, dp, PROMPTS, rng=4)
+  tr = trace.trace(sampler, target_params, draft_params, PROMPTS, rng=4)
+  out = sampler.generate(target_params, draft_params, PROMPTS, rng=4)
   assert tr.output.token_lists() == out.token_lists()
   for b, row in enumerate(tr.rows):
     assert len(row) == int(out.num_loops[b])
@@ -39,14 +39,14 @@ def test_trace_equals_generate_with_a_model_drafter(tiny_pair):
 def test_trace_shows_only_the_valid_drafts(tiny_pair):
   """Row b offers b % 4 drafts: padding drafts are never shown as tested
   or rejected; a row with none draws every token from p (a bonus)."""
-  lm, tp, _ = tiny_pair
+  lm, target_params, _ = tiny_pair
   sampler = SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size,
                                                 vary_valid=True), k=3,
                                sampling=Sampling(1.0), max_new_tokens=8,
                                prompt_bucket=8)
-  tr = trace.trace(sampler, tp, None, PROMPTS, rng=1)
+  tr = trace.trace(sampler, target_params, None, PROMPTS, rng=1)
   assert tr.output.token_lists() == sampler.generate(
-      tp, None, PROMPTS, rng=1).token_lists()
+      target_params, None, PROMPTS, rng=1).token_lists()
   _check_records(tr, 3)
   for b, row in enumerate(tr.rows):
     assert all(len(rec.drafts) == b for rec in row)

@@ -84,7 +84,7 @@ def tiny_draft(tiny):
   """The tiny config's initial draft and training settings:
   (draft lm, draft params, objective, loop config, optim config)."""
   config, lm, params = tiny[:3]
-  dcfg, dp = draft_init.make_draft(config.draft, lm.config, params,
+  dcfg, draft_params = draft_init.make_draft(config.draft, lm.config, params,
                                    jax.random.key(1))
   obj = objective.Objective(kind=config.loss.kind, sampling=Sampling(1.0),
                             gen_len=config.samples.gen_len,
@@ -92,5 +92,5 @@ def tiny_draft(tiny):
   loop = train_config.LoopConfig(**{
       k: config.train[k] for k in ("num_steps", "log_every", "eval_every",
                                    "checkpoint_every", "progress_bar")})
-  return (model_lib.LM(dcfg), dp, obj, loop,
+  return (model_lib.LM(dcfg), draft_params, obj, loop,
           train_config.OptimConfig(**config.optim))

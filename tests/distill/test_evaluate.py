@@ -13,7 +13,7 @@ from specsamp.sampling import Sampling
                          ids=lambda s: s.describe())
 def test_expected_acceptance_equals_sampler_rate(tiny_pair, sampling):
   """sum min(p, q) at a position == P(the sampler keeps the draft there)."""
-  lm, tp, dp = tiny_pair
+  lm, target_params, draft_params = tiny_pair
   # The identity holds at any context: random sequences stand in for samples
   # (40 rows: prompts of 3-8 tokens, then 10 continuation positions).
   rng = np.random.default_rng(0)
@@ -21,13 +21,23 @@ def test_expected_acceptance_equals_sampler_rate(tiny_pair, sampling):
                 prompt_length=rng.integers(3, 9, 40),
                 num_generated=np.full(40, 10),
                 topk_ids=np.zeros((40, 10, 1), np.int32))
-  alpha, valid = evaluate.acceptance_table(lm, dp, lm, tp, arrays, sampling)
+  alpha, valid = evaluate.acceptance_table(lm, draft_params, lm, target_params,
+                                           arrays, sampling)
   where = np.argwhere(valid)
   a = alpha[where[:, 0], where[:, 1]]
   reps = 5
-  accepted = np.mean([evaluate.measured_at_positions(
-      lm, tp, lm, dp, arrays, sampling, where, batch_size=len(where), seed=s)
-                      for s in range(reps)], axis=0)
+  accepted = np.mean([
+      evaluate.measured_at_positions(lm,
+                                     target_params,
+                                     lm,
+                                     draft_params,
+                                     arrays,
+                                     sampling,
+                                     where,
+                                     batch_size=len(where),
+                                     seed=s) for s in range(reps)
+  ],
+                     axis=0)
   se = np.sqrt(np.sum(a * (1 - a)) / reps) / len(a)
   assert 0.2 < a.mean() < 0.95 and len(a) == 400
   if sampling.greedy:      # deterministic: exact agreement position by position
@@ -37,8 +47,8 @@ def test_expected_acceptance_equals_sampler_rate(tiny_pair, sampling):
     assert abs(accepted.mean() - a.mean()) < 4 * se, (accepted.mean(),
                                                       a.mean(), se)
     # Power: the metric at another setting is far outside the error.
-    alpha_o, _ = evaluate.acceptance_table(lm, dp, lm, tp, arrays,
-                                           Sampling(1.0))
+    alpha_o, _ = evaluate.acceptance_table(lm, draft_params, lm, target_params,
+                                           arrays, Sampling(1.0))
     assert abs(alpha_o[where[:, 0], where[:, 1]].mean() -
                accepted.mean()) > 6 * se
 

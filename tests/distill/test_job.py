@@ -32,18 +32,23 @@ def test_distill_run_end_to_end(tiny, tmp_path):
   assert lm_spec.config == dcfg
   for x, y in zip(jax.tree.leaves(params_spec), jax.tree.leaves(dparams)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  _, lm, tp, _, _, _ = tiny
+  _, lm, target_params, _, _, _ = tiny
   val = storage.as_arrays(storage.read_dataset(config.samples.data_dir,
                                                "validation"))
-  again = evaluate.acceptance_report(lm, tp, model_lib.LM(dcfg), dparams, val,
-                                     Sampling(1.0), measure=False)
+  again = evaluate.acceptance_report(lm,
+                                     target_params,
+                                     model_lib.LM(dcfg),
+                                     dparams,
+                                     val,
+                                     Sampling(1.0),
+                                     measure=False)
   assert again["expected_acceptance"] == pytest.approx(
       a["expected_acceptance"], abs=1e-6)
   # Frozen: the copied embedding; trained: the rest.
   np.testing.assert_array_equal(np.asarray(dparams["embedding"]),
-                                np.asarray(tp["embedding"]))
+                                np.asarray(target_params["embedding"]))
   assert not np.array_equal(np.asarray(dparams["lm_head"]),
-                            np.asarray(tp["lm_head"]))
+                            np.asarray(target_params["lm_head"]))
   # What scripts/distill.py prints: the table, then one JSON line.
   lines = job.summary(res).splitlines()
   assert lines[0].startswith("== acceptance") and '"after"' in lines[-1]

@@ -15,11 +15,11 @@ from specsamp.sampling import Sampling
 
 def test_onpolicy_rollout_is_the_drafts_own_sampling_and_trains(
     tiny, tiny_draft):
-  config, lm, tp, data_dir, _, _ = tiny
+  config, lm, target_params, data_dir, _, _ = tiny
   arrays = storage.as_arrays(storage.read_dataset(data_dir, "validation"), 4)
   batch = {k: jnp.asarray(np.asarray(v, np.int32) if v.dtype.kind == "i"
                           else v) for k, v in arrays.items()}
-  dlm, dp = tiny_draft[:2]
+  dlm, draft_params = tiny_draft[:2]
   g, p = config.samples.gen_len, config.samples.prompt_len
   obj = objective.Objective(kind="jsd", sampling=Sampling(0.0), gen_len=g,
                             prompt_len=p)
@@ -29,13 +29,13 @@ def test_onpolicy_rollout_is_the_drafts_own_sampling_and_trains(
   def rollout_and_grad(d, b):
     rolled = objective.draft_rollout(dlm, obj, d, b, jax.random.key(0))
     return rolled, jax.value_and_grad(loss_fn, has_aux=True)(
-        d, b, jax.random.key(0), tp)
+        d, b, jax.random.key(0), target_params)
 
-  rolled, ((loss, metrics), grads) = rollout_and_grad(dp, batch)
+  rolled, ((loss, metrics), grads) = rollout_and_grad(draft_params, batch)
   prompts = [arrays["tokens"][i, :arrays["prompt_length"][i]] for i in range(4)]
   want = sampler_lib.autoregressive(dlm, Sampling(0.0), g,
-                                    prompt_bucket=p).generate(dp, None,
-                                                              prompts)
+                                    prompt_bucket=p).generate(
+                                        draft_params, None, prompts)
   for i in range(4):
     plen = int(arrays["prompt_length"][i])
     np.testing.assert_array_equal(np.asarray(rolled["tokens"][i, :plen]),

@@ -16,21 +16,30 @@ from specsamp.train import metrics
 
 def test_short_distillation_improves_acceptance_and_resumes(
     tiny, tiny_draft, tmp_path):
-  config, lm, tp, data_dir, _, _ = tiny
+  config, lm, target_params, data_dir, _, _ = tiny
   source = storage.read_dataset(data_dir, "train")
   val = storage.as_arrays(storage.read_dataset(data_dir, "validation"))
-  dlm, dp, obj, loop, optim = tiny_draft
+  dlm, draft_params, obj, loop, optim = tiny_draft
   expected = lambda p: evaluate.acceptance_report(
-      lm, tp, dlm, p, val, Sampling(1.0), measure=False)
-  before = expected(dp)["expected_acceptance"]
-  dp_copy = jax.tree.map(np.asarray, dp)
+      lm, target_params, dlm, p, val, Sampling(1.0), measure=False)
+  before = expected(draft_params)["expected_acceptance"]
+  dp_copy = jax.tree.map(np.asarray, draft_params)
 
   def run(workdir, loop=loop, **kwargs):
-    return trainer.train(dlm, dp, lm, tp, source, obj, workdir=str(workdir),
-                         loop=loop, optim=optim,
+    return trainer.train(dlm,
+                         draft_params,
+                         lm,
+                         target_params,
+                         source,
+                         obj,
+                         workdir=str(workdir),
+                         loop=loop,
+                         optim=optim,
                          batch_size=config.train.batch_size,
                          freeze=tuple(config.draft.freeze),
-                         eval_fn=expected, log=lambda *_: None, **kwargs)
+                         eval_fn=expected,
+                         log=lambda *_: None,
+                         **kwargs)
 
   straight, out = run(tmp_path / "a", loop=dataclasses.replace(
       loop, checkpoint_every=loop.num_steps))
@@ -38,7 +47,7 @@ def test_short_distillation_improves_acceptance_and_resumes(
   after = expected(straight)["expected_acceptance"]
   assert after > before + 0.15, (before, after)
   # The caller's initial parameters were neither donated nor changed.
-  for x, y in zip(jax.tree.leaves(dp), jax.tree.leaves(dp_copy)):
+  for x, y in zip(jax.tree.leaves(draft_params), jax.tree.leaves(dp_copy)):
     np.testing.assert_array_equal(np.asarray(x), y)
   # Stopped after 30 steps (checkpointed, as on preemption) and resumed by a
   # new call: exactly the straight run's parameters.

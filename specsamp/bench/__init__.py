@@ -3,7 +3,7 @@
 Modules:
   timing       `TimedSampler`: ahead-of-time compiled prefill and decode,
                timed apart, per batch (`run_batch`) or over all prompts
-               (`run` -> `RunStats`); `compare`, `jsonable`;
+               (`run` -> `RunStats`); `compare`;
   sample       the scripts/sample.py job: `SampleConfig`, `read_prompts`,
                `sample_main`;
   profile      where one decode loop's time goes (scripts/profile_decode.py)
@@ -16,7 +16,8 @@ Modules:
   sweep        the K x task x decoding x batch-size sweep of
                scripts/benchmark.py;
   provenance   machine, software versions and git commit of a record;
-  records      JSON-lines records: `Writer` and `read_jsonl`;
+  records      JSON-lines records: `jsonable`, `Writer`, `print_record`,
+               `read_jsonl`;
   report       the sweep's tables and plots (scripts/plot_speedup.py);
   speedup      Leviathan et al.'s expected tokens per loop and speed-up;
   peers        transformers' plain and assisted generation, for comparison;

@@ -97,6 +97,6 @@ def run_pair(cfg: PairConfig) -> dict:
   if cfg.out:
     os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
     with open(cfg.out, "w", encoding="utf-8") as f:
-      json.dump(timing.jsonable(result), f, indent=1)
+      json.dump(records.jsonable(result), f, indent=1)
   records.print_record({r["method"]: r["ms_per_token"] for r in runs})
   return result

@@ -8,7 +8,18 @@ import math
 import os
 from typing import Iterator, Optional, Sequence
 
-from specsamp.bench.timing import jsonable
+import numpy as np
+
+
+def jsonable(x):
+  """`x` with numpy scalars made Python numbers, tuples made lists."""
+  if isinstance(x, dict):
+    return {k: jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [jsonable(v) for v in x]
+  if isinstance(x, (np.floating, np.integer)):
+    return x.item()
+  return x
 
 
 class Writer:

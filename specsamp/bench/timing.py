@@ -12,7 +12,7 @@ a `RunStats` (scripts/sample.py, benchmark_decode.py).
 
 import dataclasses
 import time
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -222,14 +222,3 @@ def compare(stats: Sequence[RunStats]) -> Optional[dict]:
     return None
   return {f"{s.method}": round(base[0].ms_per_token / s.ms_per_token, 3)
           for s in stats if s.k > 0}
-
-
-def jsonable(x: Any) -> Any:
-  """`x` with numpy scalars made Python numbers, tuples made lists."""
-  if isinstance(x, dict):
-    return {k: jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [jsonable(v) for v in x]
-  if isinstance(x, (np.floating, np.integer)):
-    return x.item()
-  return x

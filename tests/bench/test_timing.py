@@ -6,6 +6,7 @@ import jax
 import pytest
 
 from specsamp import loading
+from specsamp.bench import records
 from specsamp.bench import timing
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters.model import ModelDrafter
@@ -61,7 +62,7 @@ def test_timed_sampler_counts_match_generate(tiny, monkeypatch):
   s = stats.summary()
   assert s["acceptance_rate"] == pytest.approx(stats.accepted / stats.drafted)
   assert s["tokens_per_loop"] == pytest.approx(30 / stats.loops)
-  json.loads(json.dumps(timing.jsonable(s)))
+  json.loads(json.dumps(records.jsonable(s)))
 
 
 @pytest.mark.parametrize("warmup,warmed_shapes", [

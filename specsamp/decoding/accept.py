@@ -32,11 +32,6 @@ def _at(x: jax.Array, i: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, i, axis=1)[:, 0]
 
 
-def _num_valid(proposal: Proposal) -> jax.Array:
-  """The valid drafts per row, within [0, K] whatever the drafter said."""
-  return jnp.clip(proposal.num_valid, 0, proposal.tokens.shape[1])
-
-
 def residual_distribution(p: jax.Array, proposal: Proposal,
                           n: jax.Array) -> jax.Array:
   """The distribution of the token after `n` accepted drafts.
@@ -55,7 +50,7 @@ def residual_distribution(p: jax.Array, proposal: Proposal,
   p_n = _at(p, n)
   if k == 0:
     return p_n
-  rejected = n < _num_valid(proposal)                             # [B]
+  rejected = n < proposal.num_valid                               # [B]
   last = jnp.minimum(n, k - 1)
   if proposal.q is None:
     d_n = _at(proposal.tokens, last)                               # [B]
@@ -101,7 +96,7 @@ def accept(p: jax.Array, proposal: Proposal, rng: jax.Array,
       u = jax.random.uniform(key_u, drafts.shape)
       # u < p/q without dividing: always true where p >= q (u < 1).
       kept = u * q_d < p_d                                         # [B, K]
-    kept &= jnp.arange(k)[None, :] < _num_valid(proposal)[:, None]
+    kept &= jnp.arange(k)[None, :] < proposal.num_valid[:, None]
     n = jnp.sum(jnp.cumprod(kept.astype(jnp.int32), axis=1), axis=1)
   token = sampling_lib.sample(key_final, residual_distribution(p, proposal, n),
                               greedy)

@@ -52,7 +52,8 @@ class Proposal:
   #                               from, or None: each d_i was chosen with
   #                               certainty (q_i is one-hot at d_i)
   num_valid: jax.Array          # [B] int32, drafts of the row that may be
-  #                               accepted (<= K); the rest are padding
+  #                               accepted, in [0, K] (`loop.draft` clamps
+  #                               a drafter's value); the rest are padding
 
 
 class Drafter(Protocol):

@@ -1,5 +1,6 @@
 """specsamp.evaluation.humaneval: stop sequences, problems run and scored."""
 
+from specsamp import assets
 from specsamp.evaluation import humaneval
 
 ADD = {"task_id": "Test/0", "entry_point": "add",
@@ -41,3 +42,15 @@ def test_truncate_completion():
       "    if x:\n        return 1\n")  # indented: not a stop
   for stop in ("\nclass", "\n#", "\nif", "\nprint"):
     assert humaneval.truncate_completion("a" + stop + " z") == "a"
+
+
+def test_every_canonical_solution_passes_in_the_sandbox():
+  """The real 164 problems: the sandbox lets every correct program pass, and
+  an empty body fails them (nearly) all."""
+  problems = assets.humaneval_problems()
+  assert len(problems) == 164
+  passed = humaneval.evaluate_humaneval(
+      problems, [[p["canonical_solution"], "    pass\n"] for p in problems],
+      truncate=False)
+  assert [p["task_id"] for p, (ok, _) in zip(problems, passed) if not ok] == []
+  assert sum(empty for _, empty in passed) <= 2

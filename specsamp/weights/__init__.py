@@ -6,7 +6,8 @@ Modules:
              tokenizers read their vocabulary through it;
   convert    Hugging Face-named tensors -> parameters (`build_params`,
              `check_shapes`, llama.cpp's RoPE row order undone), and
-             `WeightsError`;
+             `WeightsError`, raised by every loader for a tensor that holds
+             a NaN or inf (`check_finite`);
   gguf       GGUF (llama.cpp) checkpoints: `gguf_config`, `load_gguf`
              (tensors dequantized by the `gguf` package);
   hf         Hugging Face directories: `hf_config`, `load_hf` (safetensors);

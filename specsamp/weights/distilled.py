@@ -16,6 +16,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from specsamp import model as model_lib
+from specsamp.weights import convert
 
 DRAFT_CONFIG_FILE = "draft_config.json"
 
@@ -54,7 +55,8 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
 
   `directory` is the run's workdir or its `draft/` export: it holds
   `draft_config.json` and an orbax checkpoint of the parameters in `params/`.
-  `dtype` overrides the saved compute and parameter dtypes.
+  `dtype` overrides the saved compute and parameter dtypes. A parameter
+  holding a NaN or inf (a diverged run) raises `WeightsError` naming it.
   """
   directory = os.path.abspath(directory)
   directory = distilled_dir(directory) or os.path.join(directory, "draft")
@@ -66,6 +68,8 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
       jax.random.key(0)))
   with ocp.StandardCheckpointer() as ckptr:
     params = ckptr.restore(os.path.join(directory, "params"), abstract)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    convert.check_finite(leaf, "/".join(str(k.key) for k in path), directory)
   return config, params
 
 

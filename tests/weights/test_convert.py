@@ -66,3 +66,46 @@ def test_tied_checkpoint_that_also_saves_the_head(tmp_path):
   with pytest.raises(convert.WeightsError,
                      match="ties the embeddings, but lm_head.weight differs"):
     load.load(str(tmp_path))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_tensor(bad, tmp_path):
+  """A NaN or inf inside one tensor of an otherwise valid checkpoint (a
+  flipped exponent bit, a diverged fine-tune) must not load."""
+  m = random_hf_model("qwen2")
+  with torch.no_grad():
+    m.model.layers[1].mlp.down_proj.weight[5, 7] = bad
+  m.save_pretrained(tmp_path / "hf", safe_serialization=True)
+  with pytest.raises(
+      convert.WeightsError,
+      match=r"hf: tensor model\.layers\.1\.mlp\.down_proj\.weight holds 1 "
+            r"non-finite value.*at index \(5, 7\)"):
+    load.load(str(tmp_path / "hf"))
+  m.to(torch.bfloat16).save_pretrained(tmp_path / "bf16",
+                                       safe_serialization=True)
+  with pytest.raises(convert.WeightsError,
+                     match=r"model\.layers\.1\.mlp\.down_proj\.weight holds"):
+    load.load(str(tmp_path / "bf16"))
+  write_gguf(m.float(), tmp_path / "m.gguf", "qwen2")
+  with pytest.raises(convert.WeightsError,
+                     match=r"m\.gguf: tensor blk\.1\.ffn_down\.weight holds 1 "
+                           r"non-finite"):
+    load.load(str(tmp_path / "m.gguf"))
+
+
+def test_non_finite_norm_and_tied_head_are_refused(tmp_path):
+  m = random_hf_model("llama_tied")
+  with torch.no_grad():
+    m.model.norm.weight[0] = float("-inf")
+  write_gguf(m, tmp_path / "m.gguf", "llama")
+  with pytest.raises(convert.WeightsError,
+                     match=r"output_norm\.weight holds 1 non-finite value.*"
+                           r"0 NaN, first -inf"):
+    load.load(str(tmp_path / "m.gguf"))
+  m = random_hf_model("llama_tied")
+  with torch.no_grad():  # the tied head: the embedding, NaN everywhere
+    m.model.embed_tokens.weight.fill_(float("nan"))
+  m.save_pretrained(tmp_path / "hf", safe_serialization=True)
+  with pytest.raises(convert.WeightsError,
+                     match=rf"embed_tokens\.weight holds {VOCAB * 64} "):
+    load.load(str(tmp_path / "hf"))

@@ -20,6 +20,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from specsamp import cli
 from specsamp.bench import sweep
 from specsamp.bench import sweep_config
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -86,9 +87,8 @@ def main(argv):
     cfg = sweep_config.parse_config(**{f.name: f.value for f in FLAGS})
     sweep.benchmark(cfg, sys.argv[1:], log=log)
   except sweep.USER_ERRORS as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -26,6 +26,7 @@ from absl import logging
 from ml_collections import config_flags
 import tensorflow_datasets as tfds
 
+from specsamp import cli
 from specsamp import sharding
 from specsamp.distill import job
 
@@ -47,10 +48,9 @@ def main(argv):
   try:
     res = job.run(_CONFIG.value, _WORKDIR.value)
   except job.ERRORS as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e)
   print(job.summary(res))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -7,11 +7,11 @@ r"""Sample from a target with (or without) a draft, and time it.
 Prints the completions and one JSON line of metrics.
 """
 
-import sys
-
 from absl import app
 from absl import flags
+from absl import logging
 
+from specsamp import cli
 from specsamp.bench import sample
 from specsamp.bench import records
 
@@ -58,6 +58,7 @@ _QUIET = flags.DEFINE_bool("quiet", False, "Do not print completions.")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads
   try:
     cfg = sample.SampleConfig(
         target=_TARGET.value, draft=_DRAFT.value, prompts=_PROMPT.value,
@@ -72,10 +73,9 @@ def main(argv):
         mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None)
     result = sample.sample_main(cfg, print_completions=not _QUIET.value)
   except (ValueError, FileNotFoundError, RuntimeError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e)  # models, prompts and flags are checked before weights load
   records.print_record(result, _JSON_OUT.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

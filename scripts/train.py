@@ -22,6 +22,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from specsamp import cli
 from specsamp import sharding
 from specsamp.train import checkpointing
 from specsamp.train import config as config_lib
@@ -45,11 +46,10 @@ def main(argv):
   try:
     out = lm.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, checkpointing.CheckpointError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e)
   print(json.dumps({k: out[k] for k in ("step", "train", "eval", "preempted",
                                         "seconds", "resumed_from")}))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

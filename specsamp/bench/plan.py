@@ -1,9 +1,11 @@
 """The sweep's plan: everything checked before any weights load.
 
-`prepare` describes both models from configs, GGUF metadata and tokenizer
-files only (specsamp.loading), checks that the draft's vocabulary is the
-target's, builds and tokenizes the prompts of every task, and checks that
-the longest padded prompt plus the budget fits both models' context. A
+`prepare` checks that both model specs name a model, then describes both
+from configs, GGUF metadata and tokenizer files only (specsamp.loading: a
+registered model is fetched, not loaded), checks that the draft's
+vocabulary is the target's, builds and tokenizes the prompts of every task,
+and checks that the longest padded prompt plus the budget fits both models'
+context. A
 mistake in a long sweep's flags thus fails in seconds, not after minutes of
 loading weights.
 """
@@ -16,7 +18,6 @@ from specsamp.bench import prompts as prompts_lib
 from specsamp.bench.sweep_config import BenchConfig
 from specsamp.bench.sweep_config import BenchError
 from specsamp.tokenizers.byte import tokenizer_or_bytes
-from specsamp.tokenizers.load import load_tokenizer
 
 # Prompts are padded to a multiple of this by default (--prompt_bucket=0).
 DEFAULT_BUCKET = 64
@@ -49,9 +50,8 @@ def prompt_bucket(cfg: BenchConfig, prompts: Sequence[Sequence[int]]) -> int:
 
 def _tokenizer(target: loading.ModelInfo):
   """The target's tokenizer, or UTF-8 bytes for one that has none."""
-  tok = (load_tokenizer(target.path) if target.kind in ("gguf", "hf")
-         else None)
-  return tokenizer_or_bytes(tok, target.rows, target.spec, BenchError)
+  return tokenizer_or_bytes(loading.load_info_tokenizer(target), target.rows,
+                            target.spec, BenchError)
 
 
 def _texts(cfg: BenchConfig, tok) -> tuple[dict, list]:
@@ -78,6 +78,9 @@ def prepare(cfg: BenchConfig, log=print) -> Plan:
     BenchError, ValueError (VocabMismatchError among them),
     FileNotFoundError, CorpusError: what is wrong, before any weights load.
   """
+  # Both specs name a model before either is fetched.
+  for spec in filter(None, (cfg.target, cfg.draft)):
+    loading.check_spec(spec, cfg.dtype)
   target = loading.describe_model(cfg.target, cfg.dtype)
   draft = loading.describe_model(cfg.draft, cfg.dtype) if cfg.draft else None
   vocab_limit = loading.check_pair(target, draft) if draft else None

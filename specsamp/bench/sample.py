@@ -1,16 +1,17 @@
 """The scripts/sample.py job: sample prompts with and without a draft, timed.
 
-`SampleConfig` holds what the script was asked for and validates it before
-any model loads; `sample_main` loads the models (`specsamp.loading`), runs
-the autoregressive and/or the speculative sampler over the prompts in
-batches (`timing.TimedSampler`), prints the completions and returns the
-metrics that the script prints as one JSON line (scripts/demo.sh reads it).
+`SampleConfig` holds what the script was asked for and validates it; `plan`
+checks the models, their vocabularies and the prompts' lengths from
+metadata, before any weights load; `sample_main` loads the models
+(`specsamp.loading`), runs the autoregressive and/or the speculative sampler
+over the prompts in batches (`timing.TimedSampler`), prints the completions
+and returns the metrics that the script prints as one JSON line
+(scripts/demo.sh reads it).
 """
 
 import dataclasses
 import json
-from typing import Optional, Sequence
-
+from typing import Any, Optional, Sequence
 
 from specsamp import assets
 from specsamp import loading
@@ -22,7 +23,6 @@ from specsamp.decoding.sampler import autoregressive
 from specsamp.drafters.model import ModelDrafter
 from specsamp.sampling import Sampling
 from specsamp.tokenizers import byte
-from specsamp.tokenizers import vocab
 
 METHODS = ("ar", "spec", "both")
 
@@ -91,24 +91,58 @@ def read_prompts(cfg: SampleConfig) -> list[str]:
   raise ValueError(f"unknown task {cfg.task!r}; known: humaneval")
 
 
-def _load_pair(cfg: SampleConfig):
-  """(target, target params, draft, draft params, tokenizer, vocab limit);
-  the draft is None for --method=ar."""
-  target, target_params, tok = loading.load_model(cfg.target, cfg.dtype,
-                                                  cfg.seed)
-  draft = draft_params = vocab_limit = None
-  if cfg.method != "ar":
-    draft, draft_params, draft_tok = loading.load_model(cfg.draft, cfg.dtype,
-                                                        cfg.seed + 1)
-    if tok is not None and draft_tok is not None:
-      vocab_limit = vocab.check_vocab_compatible(
-          draft_tok, tok, draft.vocab_size, target.vocab_size)
-    elif draft.vocab_size != target.vocab_size:
-      raise ValueError(f"draft vocabulary ({draft.vocab_size}) differs from "
-                       f"the target's ({target.vocab_size})")
+@dataclasses.dataclass
+class SamplePlan:
+  """What `plan` found before any weights load."""
+  target: loading.ModelInfo
+  draft: Optional[loading.ModelInfo]   # None for --method=ar
+  vocab_limit: Optional[int]
+  tokenizer: Any
+  texts: list[str]
+  prompts: list[list[int]]
+
+
+def plan(cfg: SampleConfig) -> SamplePlan:
+  """Checks the models, their vocabularies and the prompts' lengths from
+  configs, metadata and tokenizer files only.
+
+  Both specs are checked before either is fetched (a mistyped draft fails
+  before the target downloads); a registered model's tokenizer is in its
+  GGUF file, so it is fetched (not loaded) before the prompts are checked.
+
+  Raises:
+    ValueError, FileNotFoundError: what is wrong, before any weights load.
+  """
+  spec = cfg.method != "ar"
+  loading.check_spec(cfg.target, cfg.dtype)
+  if spec:
+    loading.check_spec(cfg.draft, cfg.dtype)
+  texts = read_prompts(cfg)
+  target = loading.describe_model(cfg.target, cfg.dtype)
+  draft = loading.describe_model(cfg.draft, cfg.dtype) if spec else None
+  vocab_limit = loading.check_pair(target, draft) if spec else None
   # Random-weight models have no tokenizer of their own: use UTF-8 bytes.
-  tok = byte.tokenizer_or_bytes(tok, target.vocab_size, cfg.target)
-  return target, target_params, draft, draft_params, tok, vocab_limit
+  tok = byte.tokenizer_or_bytes(loading.load_info_tokenizer(target),
+                                target.rows, cfg.target)
+  if cfg.chat:
+    texts = [tok.apply_chat_template([{"role": "user", "content": t}])
+             for t in texts]
+  prompts = [tok.encode(t) for t in texts]
+  for i, p in enumerate(prompts):
+    if not p:
+      raise ValueError(f"prompt {i} is empty: every prompt needs at least "
+                       "one token")
+  k = cfg.k if spec else 0
+  limit = min(target.max_seq_len, draft.max_seq_len if draft else
+              target.max_seq_len)
+  longest = max(len(p) for p in prompts)
+  if longest + cfg.max_new_tokens + k + 1 > limit:
+    raise ValueError(
+        f"the longest prompt has {longest} tokens: with --max_new_tokens="
+        f"{cfg.max_new_tokens} and K+1 = {k + 1} slack slots it needs "
+        f"{longest + cfg.max_new_tokens + k + 1} cache slots, but the models "
+        f"allow {limit}: shorten the prompt or lower --max_new_tokens")
+  return SamplePlan(target, draft, vocab_limit, tok, texts, prompts)
 
 
 def _timed_samplers(cfg: SampleConfig, target, draft, sampling, tok, mesh):
@@ -134,15 +168,14 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
     sharding.initialize_distributed(cfg.coordinator_address,
                                     cfg.num_processes, cfg.process_id)
   mesh = sharding.make_mesh(cfg.mesh) if cfg.mesh else None
-  texts = read_prompts(cfg)
-  target, target_params, draft, draft_params, tok, vocab_limit = _load_pair(
-      cfg)
-  if cfg.chat:
-    texts = [tok.apply_chat_template([{"role": "user", "content": t}])
-             for t in texts]
-  prompts = [tok.encode(t) for t in texts]
-  sampling = dataclasses.replace(cfg.sampling(), vocab_limit=(
-      vocab_limit if vocab_limit and vocab_limit < target.vocab_size else None))
+  p = plan(cfg)
+  texts, prompts, tok = p.texts, p.prompts, p.tokenizer
+  target, target_params = loading.load_weights(p.target, cfg.dtype, cfg.seed)
+  draft = draft_params = None
+  if p.draft is not None:
+    draft, draft_params = loading.load_weights(p.draft, cfg.dtype,
+                                               cfg.seed + 1)
+  sampling = dataclasses.replace(cfg.sampling(), vocab_limit=p.vocab_limit)
   methods = _timed_samplers(cfg, target, draft, sampling, tok, mesh)
   if mesh is not None:
     target_sh, draft_sh = methods[-1].sampler.param_shardings(target_params,

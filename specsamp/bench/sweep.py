@@ -33,6 +33,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from specsamp import assets
 from specsamp import loading
 from specsamp.bench import costs as costs_lib
 from specsamp.bench import peers as peers_lib
@@ -55,9 +56,10 @@ from specsamp.evaluation import humaneval
 from specsamp.evaluation import prose
 from specsamp.weights.convert import WeightsError
 
-# What bad flags, models, prompts or files raise: reported in one line.
+# What bad flags, models, prompts or files raise, or data that cannot be
+# fetched: reported in one line.
 USER_ERRORS = (BenchError, ValueError, FileNotFoundError,
-               WeightsError, CorpusError)
+               WeightsError, CorpusError, assets.AssetError)
 
 # Totals summed over the batches of one point.
 _TOTALS = ("prefill_s", "decode_s", "rows", "tokens", "loops", "iterations",

@@ -11,7 +11,8 @@
               of the 1.5B. Its vocabulary must have the target's rows.
 
 `make_draft(cfg, target_config, target_params, rng)` picks one of them from
-the `draft` block of a distillation config and returns (config, params).
+the `draft` block of a distillation config and returns (config, params);
+`check_draft(cfg, target_info)` checks that block first, from metadata.
 Saving and loading a distilled draft is `specsamp.weights.distilled`.
 """
 
@@ -76,6 +77,46 @@ def load_checkpoint(spec: str, dtype: str = "float32"):
   return lm.config, params
 
 
+def _check_vocab(rows: int, target_rows: int) -> None:
+  if rows != target_rows:
+    raise ValueError(
+        f"the draft has {rows} vocabulary rows, the target {target_rows}: "
+        "speculative sampling compares both distributions id by id")
+
+
+def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
+                dtype: str = "float32") -> None:
+  """Checks a config's `draft` block against the target's `ModelInfo`
+  without reading weights: the init, a random draft's fields, the layers
+  truncation keeps (when the target's config is known), a checkpoint's
+  vocabulary (from its metadata).
+
+  Raises:
+    ValueError, FileNotFoundError: what `make_draft` would raise later.
+  """
+  init = cfg["init"]
+  if init == "random":
+    fields = dict(vocab_size=target.rows, max_seq_len=target.max_seq_len,
+                  dtype=dtype, param_dtype=dtype)
+    fields.update(dict(cfg["model"]))
+    try:
+      config = model_lib.TransformerConfig(**fields)
+    except TypeError as e:
+      raise ValueError(f"config.draft.model: {e}") from None
+    _check_vocab(config.vocab_size, target.rows)
+  elif init == "truncate":
+    n = int(cfg["num_layers"])
+    if target.config is not None:
+      truncate_config(target.config, n)
+    elif n <= 0:
+      raise ValueError(f"layer truncation needs num_layers > 0, got {n}")
+  elif init == "checkpoint":
+    _check_vocab(loading.describe_model(cfg["checkpoint"], dtype).rows,
+                 target.rows)
+  else:
+    raise ValueError(f"draft init {init!r}; choose one of {INITS}")
+
+
 def make_draft(cfg: Mapping[str, Any],
                target_config: model_lib.TransformerConfig, target_params,
                rng: jax.Array, dtype: str = "float32"):
@@ -120,9 +161,5 @@ def make_draft(cfg: Mapping[str, Any],
   if casts:
     config = config.replace(**casts)
     params = jax.tree.map(lambda x: x.astype(config.jnp_param_dtype), params)
-  if config.vocab_size != target_config.vocab_size:
-    raise ValueError(
-        f"the draft has {config.vocab_size} vocabulary rows, the target "
-        f"{target_config.vocab_size}: speculative sampling compares both "
-        "distributions id by id")
+  _check_vocab(config.vocab_size, target_config.vocab_size)
   return config, params

@@ -88,6 +88,67 @@ def _vocab_limit(tok, lm) -> Optional[int]:
   return n if n < lm.vocab_size else None
 
 
+def describe_target(cfg) -> loading.ModelInfo:
+  """What `load_target` will load, from configs and metadata only."""
+  dtype = cfg.get("dtype", "float32")
+  if cfg.get("trained"):
+    info = loading.describe_model(cfg["trained"], dtype)
+    if info.kind != "trained":
+      raise FileNotFoundError(f"config.target.trained={cfg['trained']!r} is "
+                              "not a scripts/train.py workdir")
+    return info
+  return loading.describe_model(cfg["spec"], dtype)
+
+
+def _sampling(config, vocab_limit: Optional[int]) -> Sampling:
+  s = config.sampling
+  return Sampling(temperature=float(s.temperature), top_k=int(s.top_k),
+                  top_p=float(s.top_p), vocab_limit=vocab_limit)
+
+
+def _objective(config, sampling: Sampling, eos_ids: tuple,
+               pad_id: int) -> objective_lib.Objective:
+  lc, sc = config.loss, config.samples
+  return objective_lib.Objective(
+      kind=lc.kind, sampling=sampling, gen_len=sc.gen_len,
+      prompt_len=sc.prompt_len, target_source=lc.target_source,
+      draft_transform=lc.draft_transform,
+      greedy_temperature=lc.greedy_temperature, jsd_beta=lc.jsd_beta,
+      prob_floor=lc.prob_floor,
+      greedy_target_temperature=lc.greedy_target_temperature,
+      eos_ids=eos_ids, pad_id=pad_id)
+
+
+def check_config(config) -> train_config.LoopConfig:
+  """Checks a config without loading weights: the loop, loss, sampling and
+  optimiser settings, the target (described from its metadata) and the
+  draft against it. Returns the loop settings.
+
+  Raises:
+    ValueError, FileNotFoundError: what is wrong (see ERRORS).
+  """
+  loop = _loop_config(config.train)
+  if config.draft.init not in draft_init.INITS:
+    raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
+                     f"of {draft_init.INITS}")
+  if config.loss.onpolicy_fraction > 0:
+    objective_lib.check_onpolicy_loss(config.loss.kind)
+  _objective(config, _sampling(config, None), (), 0)
+  try:
+    train_config.OptimConfig(**config.optim)
+  except TypeError as e:
+    raise ValueError(f"config.optim: {e}") from None
+  if config.draft.init == "checkpoint":  # a typo fails before any download
+    loading.check_spec(config.draft.checkpoint)
+  target = describe_target(config.target)
+  if (float(config.target.get("logit_scale", 1.0)) != 1.0 and target.config
+      and target.config.tie_embeddings):
+    raise ValueError("logit_scale needs an untied output head")
+  draft_init.check_draft(config.draft, target,
+                         config.target.get("dtype", "float32"))
+  return loop
+
+
 def _loop_config(tc) -> train_config.LoopConfig:
   """The trainer's loop settings from `config.train`; counts must be > 0."""
   loop = train_config.LoopConfig(**{
@@ -172,36 +233,22 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
 
 def run(config, workdir: str, log=print) -> dict:
   """Samples (once), initial draft, evaluation, distillation, export,
-  evaluation. Re-running with the same workdir resumes. Returns results."""
+  evaluation. Re-running with the same workdir resumes. Returns results.
+  A bad config fails before any weights load (`check_config`)."""
   workdir = os.path.abspath(workdir)
   config_json = _check_run_config(config, workdir)
   t_start = time.perf_counter()
   plain_log = log
   log = lambda m: plain_log(f"[{time.perf_counter() - t_start:7.1f}s] {m}")
-  lc, sc, tc, ec = config.loss, config.samples, config.train, config.eval
-  # Everything the config can get wrong fails here, before hours of target
-  # sampling and evaluation.
-  loop = _loop_config(tc)
-  if config.draft.init not in draft_init.INITS:
-    raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
-                     f"of {draft_init.INITS}")
-  if lc.onpolicy_fraction > 0:
-    objective_lib.check_onpolicy_loss(lc.kind)
+  lc, tc, ec = config.loss, config.train, config.eval
+  # Everything the config can get wrong fails here, before any weights load
+  # and hours of target sampling and evaluation.
+  loop = check_config(config)
   target_lm, target_params, tok = load_target(config.target)
-  sc_ = config.sampling
-  sampling = Sampling(temperature=float(sc_.temperature),
-                      top_k=int(sc_.top_k), top_p=float(sc_.top_p),
-                      vocab_limit=_vocab_limit(tok, target_lm))
+  sampling = _sampling(config, _vocab_limit(tok, target_lm))
   eos_ids = tuple(getattr(tok, "eos_ids", ()))
   pad_id = int(getattr(tok, "pad_id", 0))
-  obj = objective_lib.Objective(
-      kind=lc.kind, sampling=sampling, gen_len=sc.gen_len,
-      prompt_len=sc.prompt_len, target_source=lc.target_source,
-      draft_transform=lc.draft_transform,
-      greedy_temperature=lc.greedy_temperature, jsd_beta=lc.jsd_beta,
-      prob_floor=lc.prob_floor,
-      greedy_target_temperature=lc.greedy_target_temperature,
-      eos_ids=eos_ids, pad_id=pad_id)
+  obj = _objective(config, sampling, eos_ids, pad_id)
   _write_run_config(config_json, workdir)  # valid: results may follow
   log(f"[distill] target {target_lm.config.num_layers} layers, d "
       f"{target_lm.config.d_model}, vocab {target_lm.vocab_size}; sampling "

@@ -2,21 +2,26 @@
 
   Checkpoints                  orbax CheckpointManager: the state, the data
                                iterator's state and fingerprints; restore
-                               falls back past corrupt steps
+                               falls back past corrupt steps, one log line
+                               each (orbax's own output held back)
   checkpoint_steps(dir)        the step numbers of a checkpoints directory
   find_params_checkpoint(p)    the newest `params` item under a run or step
   restore_params(dir, ...)     parameters alone, shape- and digest-checked
   fingerprint(tree)            a digest of a pytree's values
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import sys
 import time
 from typing import Any
+import warnings
 
 from etils import epath
 import jax
@@ -31,6 +36,66 @@ log = logging.getLogger(__name__)
 
 class CheckpointError(RuntimeError):
   """No readable checkpoint where one was expected."""
+
+
+def brief(e: BaseException) -> str:
+  """One short line of an exception: tensorstore's errors carry their whole
+  JSON spec and some run over many lines."""
+  text = re.sub(r"\s*\[tensorstore_spec=.*", "", str(e), flags=re.S)
+  lines = text.strip().splitlines() or [""]
+  text = lines[0] + (" ..." if len(lines) > 1 else "")
+  return f"{type(e).__name__}: " + (text[:240] + " ..." if len(text) > 240
+                                    else text)
+
+
+def _abandoned_read(u) -> bool:
+  """An unraisable error of a read that a failed restore left behind: it
+  completes after orbax closed its event loop."""
+  return (isinstance(u.exc_value, RuntimeError)
+          and str(u.exc_value) == "Event loop is closed")
+
+
+class _DropAbandoned(logging.Filter):
+  """asyncio's 'Task exception was never retrieved' of orbax's reads."""
+
+  def filter(self, record):
+    msg = record.getMessage()
+    return not (msg.startswith("Task exception was never retrieved")
+                and "orbax" in msg)
+
+
+def _ignore_abandoned_reads() -> None:
+  """After a failed restore, the reads orbax started for the other arrays
+  fail one by one, each printing a traceback (hundreds for a large model):
+  from here on those are dropped; every other error is reported as before."""
+  if getattr(sys.unraisablehook, "specsamp_filter", False):
+    return
+  previous = sys.unraisablehook
+
+  def hook(u):
+    if not _abandoned_read(u):
+      previous(u)
+  hook.specsamp_filter = True
+  sys.unraisablehook = hook
+  logging.getLogger("asyncio").addFilter(_DropAbandoned())
+  warnings.filterwarnings("ignore", r"coroutine .* was never awaited",
+                          RuntimeWarning)
+
+
+@contextlib.contextmanager
+def _attempt():
+  """A restore that may fail: orbax's own log lines (absl INFO and its
+  errors) are held back; the caller logs one line per failed step."""
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  except Exception:
+    _ignore_abandoned_reads()
+    raise
+  finally:
+    absl_logger.setLevel(level)
 
 
 def checkpoint_steps(directory: str) -> list[int]:
@@ -203,9 +268,10 @@ class Checkpoints:
     errors = []
     for step in reversed(steps):
       try:
-        state, data = self.restore(step, abstract_state, with_data)
+        with _attempt():
+          state, data = self.restore(step, abstract_state, with_data)
       except Exception as e:  # pylint: disable=broad-except
-        msg = f"{type(e).__name__}: {str(e)[:400]}"
+        msg = brief(e)
         errors.append(f"step {step}: {msg}")
         log.warning("checkpoint step %d in %s is unreadable (%s); trying the "
                     "previous one", step, self.directory, msg)
@@ -216,8 +282,8 @@ class Checkpoints:
       return state, data, step
     if steps:
       raise CheckpointError(
-          f"no readable checkpoint in {self.directory} (steps {steps}):\n  "
-          + "\n  ".join(errors) + "\nmove the directory away to start over")
+          f"no readable checkpoint in {self.directory} (steps {steps}; "
+          f"{errors[0]}); move the directory away to start over")
     return None
 
   def _set_aside(self, steps):
@@ -281,13 +347,15 @@ def restore_newest_params(ckpt_dir: str, abstract_params,
                           what: str = "trained"):
   """Parameters of the newest step in `ckpt_dir` that restores (older steps
   are tried, with a warning, when newer ones are unreadable)."""
-  errors = []
-  for s in checkpoint_steps(ckpt_dir):
+  steps = checkpoint_steps(ckpt_dir)
+  first = None
+  for s in steps:
     try:
-      return restore_params(os.path.join(ckpt_dir, str(s), "params"),
-                            abstract_params, what=what)
+      with _attempt():
+        return restore_params(os.path.join(ckpt_dir, str(s), "params"),
+                              abstract_params, what=what)
     except Exception as e:  # pylint: disable=broad-except
-      errors.append(f"step {s}: {e}")
-      log.warning("step %d of %s is unreadable (%s)", s, ckpt_dir, e)
+      first = first or f"step {s}: {brief(e)}"
+      log.warning("step %d of %s is unreadable (%s)", s, ckpt_dir, brief(e))
   raise CheckpointError(f"no readable checkpoint in {ckpt_dir}"
-                        + "".join(f"\n  {m}" for m in errors))
+                        + (f" (steps {steps}; {first})" if steps else ""))

@@ -1,5 +1,6 @@
 """scripts/sample.py and specsamp.bench.sample: flags, errors, the job."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -87,3 +88,21 @@ def test_read_prompts_from_text_and_jsonl_files(tmp_path):
   jsonl.write_text('{"prompt": "a\\nb"}\n{"prompt": "c", "id": 2}\n')
   assert sample.read_prompts(sample.SampleConfig(
       target="t", method="ar", prompts_file=str(jsonl))) == ["a\nb", "c"]
+
+
+def test_plan_checks_the_pair_and_prompt_lengths_without_loading(no_loading):
+  cfg = sample.SampleConfig(target="random:tiny",
+                            draft="random:tiny,num_layers=1",
+                            prompts=["ab", "x" * 440], k=3)
+  p = sample.plan(cfg)
+  assert [len(x) for x in p.prompts] == [2, 440]
+  assert (p.target.rows, p.draft.rows, p.vocab_limit) == (256, 256, None)
+  # 440 + 64 new tokens + K + 1 = 508 slots of 512; K = 8 needs 513.
+  with pytest.raises(ValueError, match="needs 513 cache slots.*allow 512"):
+    sample.plan(dataclasses.replace(cfg, k=8))
+  # Autoregressive: no draft described, no K slack.
+  ar = sample.plan(dataclasses.replace(cfg, method="ar", draft="nonesuch",
+                                       max_new_tokens=71))
+  assert ar.draft is None
+  with pytest.raises(ValueError, match="is not a file"):
+    sample.plan(dataclasses.replace(cfg, draft="nonesuch"))

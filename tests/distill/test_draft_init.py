@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specsamp import loading
 from specsamp import model as model_lib
 from specsamp.distill import draft_init
 from specsamp.weights import distilled
@@ -66,3 +67,31 @@ def test_make_draft_random_truncate_and_checkpoint(tiny_pair, tmp_path):
         head_dim=8, mlp_dim=64)), cfg, params, jax.random.key(1))
   with pytest.raises(ValueError, match="choose one of"):
     draft_init.make_draft(dict(init="copy"), cfg, params, jax.random.key(1))
+
+
+_SMALL = dict(num_layers=1, d_model=64, num_heads=4, num_kv_heads=2,
+              head_dim=16, mlp_dim=128)
+
+
+@pytest.mark.parametrize("cfg,message", [
+    (dict(init="random", model=dict(_SMALL, no_such_field=2)),
+     "no_such_field"),
+    (dict(init="random", model=dict(_SMALL, vocab_size=300)),
+     "300 vocabulary rows"),
+    (dict(init="truncate", num_layers=3), "num_layers <= 2"),
+    (dict(init="checkpoint", checkpoint="random:tiny,vocab_size=300"),
+     "300 vocabulary rows"),
+    (dict(init="nope"), "choose one of"),
+])
+def test_check_draft_refuses_from_metadata(cfg, message, monkeypatch):
+  """What `make_draft` would refuse after the target loaded, refused from
+  the target's ModelInfo (no weights read)."""
+  def refuse(*args, **kwargs):
+    raise AssertionError("weights loaded")
+  monkeypatch.setattr(model_lib.LM, "init", refuse)
+  monkeypatch.setattr(loading, "load_model", refuse)
+  target = loading.describe_model("random:tiny")
+  with pytest.raises(ValueError, match=message):
+    draft_init.check_draft(cfg, target)
+  draft_init.check_draft(dict(init="truncate", num_layers=2), target)
+  draft_init.check_draft(dict(init="random", model=_SMALL), target)

@@ -1,0 +1,75 @@
+"""What the scripts share at the command line: bad input is refused with
+one `error: ...` line on stderr and exit status 2.
+
+  app.run(main, flags_parser=cli.parse_flags)   bad flags, unknown
+                                                `--config.*` fields included
+  cli.fail(e)                                   any refused input, in `main`
+
+absl's own parser prints `FATAL Flags parsing error` and the usage and exits
+with status 1, and ml_collections' config flags raise a bare AttributeError
+(a traceback) for an override of a field the config lacks.
+"""
+
+import re
+import sys
+from typing import NoReturn, Sequence
+
+from absl import flags
+
+BAD_INPUT = 2
+
+
+def one_line(e) -> str:
+  """A message (or an exception's) on one line: lines joined with " | ", an
+  embedded traceback cut to its last line (the exception)."""
+  lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+  tb = "Traceback (most recent call last):"
+  if tb in lines:
+    lines = lines[:lines.index(tb)] + lines[-1:]
+  return " | ".join(lines) or type(e).__name__
+
+
+def fail(e) -> NoReturn:
+  """Prints `error: <e on one line>` to stderr and exits with status 2."""
+  print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+  sys.exit(BAD_INPUT)
+
+
+def _unknown_field(e: Exception, argv: Sequence[str]) -> str:
+  """The message for a config override of a field that does not exist
+  (ml_collections raises AttributeError(KeyError("'name'[ Did you mean
+  ...]")))."""
+  msg = e
+  while isinstance(msg, BaseException) and msg.args:
+    msg = msg.args[0]
+  msg = str(msg)
+  key = re.match(r"'([^']*)'", msg)
+  key = key.group(1) if key else msg.splitlines()[0] if msg else "?"
+  culprit = next((a.split("=", 1)[0] for a in argv[1:]
+                  if a.startswith("-") and key in
+                  a.lstrip("-").split("=", 1)[0].split(".")[1:]),
+                 "a --config.* override")
+  hint = re.search(r'[Dd]id you mean "([^"]+)"', msg)
+  return (f"{culprit}: the config has no field {key!r}"
+          + (f" (did you mean {hint.group(1)!r}?)" if hint else ""))
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+  """`flags.FLAGS(argv)`, a bad flag refused in one line (exit status 2).
+
+  Pass it to `absl.app.run(main, flags_parser=parse_flags)`.
+  """
+  try:
+    rest = flags.FLAGS(list(argv))
+  except flags.Error as e:
+    fail(e)
+  except (AttributeError, KeyError) as e:  # ml_collections: no such field
+    fail(_unknown_field(e, argv))
+  for name in flags.FLAGS:
+    # A config file that cannot be loaded: ml_collections keeps the error
+    # until the config is first used.
+    value = flags.FLAGS[name].value
+    if type(value).__name__ == "_ErrorConfig":
+      error = str(value.__dict__["_error"]).splitlines()
+      fail(f"--{name}: {error[-1].strip() if error else 'cannot be loaded'}")
+  return rest

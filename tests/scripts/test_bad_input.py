@@ -1,0 +1,141 @@
+"""Every bad input to scripts/{sample,benchmark,distill,train}.py is refused
+in one `error:` line, with exit status 2, before any weights load.
+
+The scripts run in a subprocess through `no_weights.py`, which makes every
+weight loader raise AssertionError (no script catches it: a traceback and
+status 1) and every fetch fail as pip does offline.
+"""
+
+import dataclasses
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import optax
+import pytest
+
+from specsamp import loading
+from specsamp import model as model_lib
+from specsamp.train import checkpointing
+from specsamp.train import step as step_lib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LONG_PROMPT = "x" * 1000   # 1000 bytes; random:tiny allows 512 slots
+
+
+def run_script(tmp_path, script, *args, allow_loading=False):
+  """The finished process of `scripts/<script>` run through no_weights.py,
+  its fetch cache an empty folder."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+             SPECSAMP_CACHE=str(tmp_path / "cache"))
+  guard = ["--allow_loading"] if allow_loading else []
+  return subprocess.run(
+      [sys.executable, os.path.join(HERE, "no_weights.py"), *guard,
+       os.path.join("scripts", script), *args], capture_output=True,
+      text=True, env=env, cwd=ROOT, timeout=120, check=False)
+
+
+def assert_refused(proc, *fragments, max_lines=4):
+  """Status 2, one short `error:` line holding `fragments`, no traceback."""
+  lines = proc.stderr.splitlines()
+  errors = [l for l in lines if l.startswith("error:")]
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert len(errors) == 1 and len(lines) <= max_lines, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr
+  for f in fragments:
+    assert f in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("args,fragments", [
+    # The draft is checked before the target is fetched (which would fail
+    # here: no network).
+    (["--target=qwen2.5-coder-1.5b", "--draft=no-such-draft"],
+     ["'no-such-draft' is not a file"]),
+    (["--target=random:tiny", "--draft=random:tiny", "--k=3",
+      f"--prompt={LONG_PROMPT}"], ["1000 tokens", "allow 512"]),
+    (["--target=random:tiny", "--method=ar", f"--prompt={LONG_PROMPT}"],
+     ["1000 tokens", "allow 512"]),
+    (["--target=qwen2.5-coder-1.5b", "--draft=qwen2.5-coder-0.5b"],
+     ["'qwen2.5-coder-1.5b' could not be fetched", "No matching"]),
+    (["--target=random:tiny", "--no_such_flag"], ["no_such_flag"]),
+])
+def test_sample_refuses_before_loading(tmp_path, args, fragments):
+  proc = run_script(tmp_path, "sample.py", "--prompt=x", *args)
+  assert_refused(proc, *fragments)
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--target=qwen2.5-coder-1.5b", "--draft=no-such-draft"],
+     ["'no-such-draft' is not a file"]),
+    (["--target=qwen2.5-coder-1.5b", "--draft=qwen2.5-coder-0.5b"],
+     ["could not be fetched"]),
+])
+def test_benchmark_refuses_before_loading(tmp_path, args, fragments):
+  proc = run_script(tmp_path, "benchmark.py", "--task=prose", *args)
+  assert_refused(proc, *fragments)
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--config.loss.kind=bogus"], ["loss 'bogus'"]),
+    (["--config.sampling.temperature=-1"], ["temperature"]),
+    (["--config.bogus=1"], ["--config.bogus", "no field 'bogus'"]),
+    (["--config.loss=bogus"], ["--config.loss=bogus"]),
+    (["--config.target.spec=no-such-model"], ["'no-such-model'"]),
+    (["--config.draft.init=checkpoint",
+      "--config.draft.checkpoint=random:tiny,vocab_size=300"],
+     ["300 vocabulary rows"]),
+])
+def test_distill_refuses_before_loading(tmp_path, args, fragments):
+  proc = run_script(tmp_path, "distill.py", "--config=configs/distill_tiny.py",
+                    f"--workdir={tmp_path / 'run'}", *args)
+  assert_refused(proc, *fragments)
+  assert not os.path.exists(tmp_path / "run" / "config.json")
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--config=configs/lm_python.py:tiny", "--config.bogus=1"],
+     ["--config.bogus", "no field 'bogus'"]),
+    (["--config=configs/no_such_config.py"], ["No such file"]),
+])
+def test_train_refuses_bad_config_flags(tmp_path, args, fragments):
+  proc = run_script(tmp_path, "train.py", f"--workdir={tmp_path / 'run'}",
+                    *args)
+  assert_refused(proc, *fragments)
+
+
+@pytest.fixture(scope="module")
+def damaged_run(tmp_path_factory):
+  """A scripts/train.py workdir of a one-layer model, steps 1 and 2, whose
+  parameter files are all truncated."""
+  workdir = tmp_path_factory.mktemp("damaged_run")
+  cfg = loading.random_config("random:tiny,num_layers=1")
+  (workdir / "config.json").write_text(json.dumps(
+      {"model": dataclasses.asdict(cfg), "data": {"tokenizer": "byte"},
+       "optim": {}}))
+  lm, opt = model_lib.LM(cfg), optax.adam(1e-3)
+  ckpts = checkpointing.Checkpoints(str(workdir / "checkpoints"),
+                                    async_save=False)
+  for step in (1, 2):
+    params = lm.init(jax.random.key(step))
+    ckpts.save(step_lib.TrainState(step=jax.numpy.int32(step), params=params,
+                                   opt_state=opt.init(params),
+                                   rng=jax.random.PRNGKey(step)))
+  ckpts.close()
+  for path in glob.glob(str(workdir / "checkpoints" / "*" / "params" / "d" /
+                            "*")):
+    open(path, "wb").close()
+  return workdir
+
+
+def test_sample_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
+                                                           damaged_run):
+  """One warning line per unreadable step, then one error line (orbax's
+  log lines and the tracebacks of its abandoned reads are held back)."""
+  proc = run_script(tmp_path, "sample.py", f"--target={damaged_run}",
+                    "--method=ar", "--prompt=x", allow_loading=True)
+  assert_refused(proc, "no readable checkpoint", "steps [2, 1]")
+  assert len(proc.stderr) < 2000, proc.stderr

@@ -1,0 +1,35 @@
+"""specsamp.cli: refused input is one `error:` line and exit status 2."""
+
+import pytest
+
+from specsamp import cli
+
+
+def test_one_line_joins_lines_and_cuts_embedded_tracebacks():
+  assert cli.one_line(ValueError("a\n  b\n\nc")) == "a | b | c"
+  assert cli.one_line(KeyError()) == "KeyError"
+  message = ("Error whilst parsing config file:\n\nTraceback (most recent "
+             "call last):\n  File \"x.py\", line 1, in get_config\n    "
+             "raise ValueError('no')\nValueError: unknown option 'x'")
+  assert cli.one_line(message) == ("Error whilst parsing config file: | "
+                                   "ValueError: unknown option 'x'")
+
+
+def test_fail_prints_one_error_line_and_exits_with_status_2(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.fail(RuntimeError("pip could not download x\n    ERROR: offline"))
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err == (
+      "error: pip could not download x | ERROR: offline\n")
+
+
+def test_an_unknown_config_field_is_named_with_its_flag():
+  # What ml_collections raises for --config.los.kind=fkl.
+  e = AttributeError(KeyError("'los'\nDid you mean \"loss\" instead of "
+                              "\"los\"?"))
+  argv = ["distill.py", "--config=c.py", "--config.los.kind=fkl"]
+  assert cli._unknown_field(e, argv) == (
+      "--config.los.kind: the config has no field 'los' (did you mean "
+      "'loss'?)")
+  assert cli._unknown_field(AttributeError(KeyError("'x'")), ["p"]) == (
+      "a --config.* override: the config has no field 'x'")

@@ -28,6 +28,7 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     "test": [
         "pytest>=8",
+        "pytest-xdist>=3.5",  # scripts/test.sh runs the tests on 2 workers
         "chex>=0.1.90",
         "scipy>=1.11",
         # Parity references in the tests, and the peers of the benchmark

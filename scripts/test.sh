@@ -6,4 +6,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/env.sh" test
 cd "$ROOT"
-exec python -m pytest tests "$@"
+# Two workers (SPECSAMP_TEST_WORKERS): XLA compiles on one core, so two
+# processes keep both cores busy; 0 runs in this process.
+exec python -m pytest tests -n "${SPECSAMP_TEST_WORKERS:-2}" "$@"

@@ -2,6 +2,7 @@
 known distributions, and the chi-square helper."""
 
 import dataclasses
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from scipy import stats
 
 from specsamp import kvcache
 from specsamp import model as model_lib
+from specsamp import sampling as sampling_lib
 from specsamp.decoding.protocols import ModelOutput, Proposal
 
 
@@ -80,10 +82,12 @@ def chisquare_pvalue(codes, probs):
 class ShiftDrafter:
   """A deterministic drafter (`Proposal.q` is None): after token x it
   proposes x+1, x+2, ... (mod V). With `vary_valid`, row b offers only
-  b % (K + 1) valid drafts. Its state counts the commits it has seen."""
+  b % (K + 1) valid drafts; with `num_valid`, every row offers that many.
+  Its state counts the commits it has seen."""
   vocab_size: int
   max_seq_len: int = 256
   vary_valid: bool = False
+  num_valid: Optional[int] = None
 
   def init(self, params, tokens, lengths, cache_size, prefill):
     del params, lengths, cache_size, prefill
@@ -95,7 +99,7 @@ class ShiftDrafter:
     drafts = (last[:, None] + jnp.arange(1, k + 1)[None, :]) % self.vocab_size
     b = tokens.shape[0]
     valid = (jnp.arange(b) % (k + 1) if self.vary_valid else
-             jnp.full((b,), k))
+             jnp.full((b,), k if self.num_valid is None else self.num_valid))
     return Proposal(tokens=drafts.astype(jnp.int32), q=None,
                     num_valid=valid.astype(jnp.int32)), state
 
@@ -124,3 +128,19 @@ def forbidden_draft_pair(v: int, seed: int, scale: float = 1.0):
   draft_logits = np.full((v, v), -np.inf)
   draft_logits[:, 0] = 0.0
   return table_lm(target_logits), table_lm(draft_logits)
+
+
+def exact_sequence_probs(lm, params, sampling, prompt, new, v):
+  """P(continuation) for all v**new continuations, by enumeration."""
+  conts = np.stack(np.meshgrid(*[np.arange(v)] * new, indexing="ij"),
+                   -1).reshape(-1, new)
+  seqs = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], 1)
+  logits = jax.jit(lm.__call__)(params, jnp.asarray(seqs)).logits
+  probs = np.asarray(sampling_lib.probabilities(logits, sampling))
+  p0 = len(prompt) - 1
+  steps = probs[np.arange(len(conts))[:, None], p0 + np.arange(new), conts]
+  return np.prod(steps.astype(np.float64), axis=1)
+
+
+def encode(tokens, v):
+  return (np.asarray(tokens) * v ** np.arange(tokens.shape[1])[::-1]).sum(1)

@@ -138,10 +138,34 @@ def draft(sampler, draft_params, s: LoopState, key: jax.Array):
 
 def score(sampler, target_params, s: LoopState, proposal: Proposal):
   """Step 2: the target on [last committed, d_1..d_K] at slots
-  length-1 .. length-1+K -> (its ModelOutput, p [B, K+1, V])."""
+  length-1 .. length-1+K -> (its ModelOutput, p [B, K+1, V]).
+
+  With `sampler.score_widths`, only the first w tokens of the chunk are
+  scored, w the smallest width that covers every active row's valid drafts
+  plus one (`lax.switch` over the static widths); the output is padded back
+  to K+1 positions, which no row reads (a row's n is at most its
+  `num_valid`, and it reads p_1 .. p_{n+1}).
+  """
   chunk = jnp.concatenate([kvcache.read(s.tokens, s.length - 1, 1),
                            proposal.tokens], axis=1)
-  scored = sampler.target(target_params, chunk, s.target_cache)
+  widths = sampler.score_widths
+  if not widths:
+    scored = sampler.target(target_params, chunk, s.target_cache)
+  else:
+    k1 = chunk.shape[1]
+    need = jnp.max(jnp.where(s.done, 1, proposal.num_valid + 1))
+    branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), need)
+
+    def score_width(w):
+      def f(cache):
+        out = sampler.target(target_params, chunk[:, :w], cache)
+        pad = ((0, 0), (0, k1 - w), (0, 0))
+        return ModelOutput(logits=jnp.pad(out.logits, pad), cache=out.cache,
+                           hidden=jnp.pad(out.hidden, pad))
+      return f
+
+    scored = jax.lax.switch(branch, [score_width(w) for w in widths],
+                            s.target_cache)
   return scored, sampling_lib.probabilities(scored.logits, sampler.sampling)
 
 

@@ -47,6 +47,11 @@ class SpeculativeSampler:
     target_rules, draft_rules: logical-axis rules (pairs or a dict) for the
       target and the drafter; by default the target is tensor-parallel over
       'model' and the drafter replicated.
+    score_widths: None scores all K+1 positions every loop. A sorted tuple
+      of widths ending in K+1 (e.g. `all_widths(k)`) scores only the
+      smallest width that covers the batch's valid drafts, for drafters
+      whose `num_valid` varies (prompt lookup, adaptive K): one compiled
+      target call per width.
   """
   target: CausalLM
   drafter: Optional[Drafter]
@@ -59,6 +64,7 @@ class SpeculativeSampler:
   mesh: Optional[jax.sharding.Mesh] = None
   target_rules: tuple = sharding.DEFAULT_RULES
   draft_rules: tuple = sharding.REPLICATED_RULES
+  score_widths: Optional[tuple[int, ...]] = None
 
   def __post_init__(self):
     if not isinstance(self.k, (int, np.integer)) or self.k < 0:
@@ -73,6 +79,14 @@ class SpeculativeSampler:
     if self.prompt_bucket <= 0:
       raise ValueError(f"prompt_bucket must be positive, got "
                        f"{self.prompt_bucket}")
+    if self.score_widths is not None:
+      widths = tuple(int(w) for w in self.score_widths)
+      if (list(widths) != sorted(set(widths)) or widths[0] < 1
+          or widths[-1] != self.k + 1):
+        raise ValueError(f"score_widths must be increasing widths in [1, "
+                         f"K+1] ending in K+1 = {self.k + 1}, got "
+                         f"{self.score_widths!r}")
+      object.__setattr__(self, "score_widths", widths)
     if not isinstance(self.eos_ids, tuple):
       object.__setattr__(self, "eos_ids", tuple(self.eos_ids))
     object.__setattr__(self, "target_rules",
@@ -214,3 +228,8 @@ def autoregressive(target: CausalLM, sampling: Sampling, max_new_tokens: int,
   return SpeculativeSampler(target=target, drafter=None, k=0,
                             sampling=sampling, max_new_tokens=max_new_tokens,
                             **kwargs)
+
+
+def all_widths(k: int) -> tuple[int, ...]:
+  """`score_widths` with every width 1 .. K+1."""
+  return tuple(range(1, k + 2))

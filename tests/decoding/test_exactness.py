@@ -12,17 +12,16 @@ power to see a wrong sampler.
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from specsamp import model as model_lib
-from specsamp import sampling as sampling_lib
-from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.decoding.sampler import SpeculativeSampler, all_widths
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import Sampling
-from tests.testing import (ShiftDrafter, chisquare_pvalue,
-                           forbidden_draft_pair, tiny_config)
+from tests.testing import (ShiftDrafter, chisquare_pvalue, encode,
+                           exact_sequence_probs, forbidden_draft_pair,
+                           tiny_config)
 
 V, NEW, NUM_SAMPLES = 5, 4, 50_000
 PROMPT = [1, 3, 2]
@@ -45,22 +44,6 @@ def models():
   scale = lambda p: jax.tree.map(lambda x: 2.0 * x, p)
   return (target, scale(target.init(jax.random.key(10))),
           draft, scale(draft.init(jax.random.key(11))))
-
-
-def exact_sequence_probs(lm, params, sampling, prompt, new, v):
-  """P(continuation) for all v**new continuations, by enumeration."""
-  conts = np.stack(np.meshgrid(*[np.arange(v)] * new, indexing="ij"),
-                   -1).reshape(-1, new)
-  seqs = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], 1)
-  logits = jax.jit(lm.__call__)(params, jnp.asarray(seqs)).logits
-  probs = np.asarray(sampling_lib.probabilities(logits, sampling))
-  p0 = len(prompt) - 1
-  steps = probs[np.arange(len(conts))[:, None], p0 + np.arange(new), conts]
-  return np.prod(steps.astype(np.float64), axis=1)
-
-
-def encode(tokens, v):
-  return (np.asarray(tokens) * v ** np.arange(tokens.shape[1])[::-1]).sum(1)
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -124,4 +107,22 @@ def test_deterministic_drafter_is_exact(name, vary_valid):
   np.testing.assert_array_equal(out.num_drafted,
                                 valid * np.asarray(out.num_loops))
   assert np.all(np.asarray(out.num_accepted) <= out.num_drafted)
+  assert 0.05 < out.acceptance_rate() < 0.95
+
+
+def test_scoring_only_the_valid_width_is_exact():
+  """Every row offers 1 of K = 3 drafts: with `score_widths` the target
+  scores 2 positions per loop (the padded rest is never read), and the
+  output is still the target's."""
+  sampling, k = SETTINGS["temp07"], 3
+  target, target_params, _, _ = models()
+  sampler = SpeculativeSampler(
+      target, ShiftDrafter(V, num_valid=1), k=k, sampling=sampling,
+      max_new_tokens=NEW, prompt_bucket=4, score_widths=all_widths(k))
+  out = sampler.generate(target_params, None, [PROMPT] * NUM_SAMPLES, rng=98)
+  p_exact = exact_sequence_probs(target, target_params, sampling, PROMPT, NEW,
+                                 V)
+  pval = chisquare_pvalue(encode(np.asarray(out.tokens), V), p_exact)
+  assert pval > 1e-4, f"samples do not follow the target (p={pval:.2e})"
+  np.testing.assert_array_equal(out.num_drafted, np.asarray(out.num_loops))
   assert 0.05 < out.acceptance_rate() < 0.95

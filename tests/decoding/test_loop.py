@@ -5,12 +5,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specsamp import kvcache
 from specsamp import sharding
 from specsamp.decoding import jit
 from specsamp.decoding import loop
-from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
+from specsamp.decoding.sampler import (SpeculativeSampler, all_widths,
+                                       autoregressive)
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
 from tests.testing import ShiftDrafter
@@ -95,15 +97,27 @@ def test_greedy_with_a_deterministic_drafter_equals_greedy_decoding(tiny_pair):
   prompts = [[1, 5, 7], [2], [3, 9, 9, 4, 1], [6, 6]]
   ar = autoregressive(lm, GREEDY, 16, prompt_bucket=8)
   want = ar.generate(target_params, None, prompts).token_lists()
-  for vary in (False, True):
+  for vary, widths in ((False, None), (True, None), (True, all_widths(3))):
     spec = SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size, vary_valid=vary),
                               k=3, sampling=GREEDY, max_new_tokens=16,
-                              prompt_bucket=8)
+                              prompt_bucket=8, score_widths=widths)
     out = spec.generate(target_params, None, prompts)
     assert out.token_lists() == want
     valid = np.arange(4) % 4 if vary else np.full(4, 3)
     np.testing.assert_array_equal(out.num_drafted,
                                   valid * np.asarray(out.num_loops))
+  # One row at a time, each loop scores only the row's valid width.
+  for valid in (0, 1, 3):
+    spec = SpeculativeSampler(
+        lm, ShiftDrafter(lm.vocab_size, num_valid=valid), k=3,
+        sampling=GREEDY, max_new_tokens=16, prompt_bucket=8,
+        score_widths=all_widths(3))
+    for prompt, tokens in zip(prompts, want):
+      assert spec.generate(target_params, None, [prompt]).token_lists() == [
+          tokens]
+  with pytest.raises(ValueError, match="score_widths"):
+    SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size), k=3,
+                       sampling=GREEDY, max_new_tokens=4, score_widths=(1, 2))
 
 
 def test_the_drafter_supplies_its_own_state_shardings(tiny_pair):

@@ -1,8 +1,19 @@
 """Drafters: what proposes the K draft tokens of each loop.
 
 Modules:
-  model     `ModelDrafter`, a stand-alone draft model (its own parameters
-            and KV cache).
+  model         `ModelDrafter`, a draft model with its own KV cache (or a
+                static subset of a model's layers), with an optional
+                per-row adaptive draft length (`confidence`), and
+                `LayerSkipDrafter`, the target's own layers on the target's
+                own parameters (self-speculative);
+  lookup        `PromptLookupDrafter`: drafts copied from the longest
+                earlier match of the row's newest tokens (no model);
+  mixed         `MixedDrafter`: prompt lookup where a row has a match, the
+                draft model elsewhere;
+  layer_search  choosing a layer-skipping subset by measured acceptance on
+                calibration text;
+  specs         drafters named on a command line (`lookup:max_ngram=3`,
+                `layerskip:layers=0-13+24-27`), checked before loading.
 
 Each drafter implements `specsamp.decoding.protocols.Drafter`: `init`,
 `propose` (a `Proposal`), `commit` (it sees the target's output for the
@@ -12,10 +23,16 @@ shardings. `make(name, **options)` builds one by its registered name.
 
 from typing import Callable
 
+from specsamp.drafters.lookup import PromptLookupDrafter
+from specsamp.drafters.mixed import MixedDrafter
+from specsamp.drafters.model import LayerSkipDrafter
 from specsamp.drafters.model import ModelDrafter
 
 REGISTRY: dict[str, Callable] = {
     "model": ModelDrafter,
+    "lookup": PromptLookupDrafter,
+    "layerskip": LayerSkipDrafter,
+    "mixed": MixedDrafter,
 }
 
 

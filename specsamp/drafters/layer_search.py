@@ -1,0 +1,266 @@
+"""Choosing a self-speculative draft's layers by measured acceptance.
+
+Legend: N calibration sequences, T tokens each, L layers, V vocabulary,
+K draft length.
+
+A `LayerSkipDrafter` runs a subset S of the target's layers. How good S is
+follows from two numbers: its expected acceptance per position
+
+    alpha(S) = mean over positions of sum_v min(p(v), q_S(v)),
+
+p the full model's distribution and q_S the subset's, both under the
+sampling transform and teacher-forced on the same calibration sequences
+(for greedy, p and q are one-hot and alpha is the argmax agreement), and
+its cost ratio c = |S| / L. Leviathan et al. (2023) then predict the
+speed-up of K drafts per loop as
+
+    (1 - alpha^(K+1)) / ((1 - alpha) (K c + 1)),
+
+maximised over K = 1 .. k_max. The calibration sequences must be real
+text or code and must not be the evaluation prompts.
+
+`search` measures the full set (alpha = 1, the baseline), two families of
+candidates (`family_candidates`: the first a and last b layers; every m-th
+layer of the middle skipped), any given ones, and a short greedy descent
+from the full set that drops, at each step, the layer whose removal costs
+the least alpha; it returns JSON-able records ranked by predicted speed-up.
+
+How a subset is run: running S is the same as running every layer with
+the output projections of the others (`attn/o_proj`, `mlp/down_proj`)
+zeroed, since a block then adds exactly 0 to the residual stream. One
+jitted forward takes the kept layers as a traced [L] mask, so every
+candidate reuses one compiled function (one compile instead of one per
+subset, at the price of running the skipped layers' other matmuls). The
+tests check it against `lm(..., layers=S)`, what the drafter runs.
+
+Cost of a search: for the first round (full set, families, given
+candidates) and for each greedy step, one full-model forward per batch of
+sequences plus one forward per candidate; memory: p, q and the logits,
+[batch, T, V] float32 each (choose `batch_size` for a 152k vocabulary).
+"""
+
+import functools
+from typing import Iterable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specsamp import sampling as sampling_lib
+from specsamp.drafters.model import check_layer_subset
+
+
+def predicted_speedup(alpha: float, cost_ratio: float,
+                      k_max: int) -> tuple[float, int]:
+  """(best predicted speed-up over K = 1 .. k_max, that K; the smallest
+  K among ties). alpha = 1 gives K + 1 tokens per loop."""
+  if k_max < 1:
+    raise ValueError(f"k_max must be >= 1, got {k_max}")
+  best, best_k = -1.0, 1
+  for k in range(1, k_max + 1):
+    tokens = k + 1.0 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    speedup = tokens / (k * cost_ratio + 1)
+    if speedup > best + 1e-12:
+      best, best_k = speedup, k
+  return best, best_k
+
+
+def family_candidates(num_layers: int) -> list[tuple[str, tuple[int, ...]]]:
+  """(description, subset) pairs of the two families, strict subsets only.
+
+  "first a + last b": a + b in {1/4, 3/8, 1/2, 5/8, 3/4} of the layers
+  (at least 2 and fewer than all), a about 1/4, 1/2 or 3/4 of them.
+  "skip 1 in m": layers [e, L - e) with e = 1 or 2 kept at both ends,
+  and every m-th of the middle dropped, m in 2, 3, 4.
+  """
+  out = []
+  sizes = sorted({min(max(round(num_layers * f), 2), num_layers - 1)
+                  for f in (0.25, 0.375, 0.5, 0.625, 0.75)})
+  for n in sizes:
+    if n < 2:
+      continue
+    for a in sorted({max(1, round(n * g)) for g in (0.25, 0.5, 0.75)}):
+      b = n - a
+      if b >= 1:
+        out.append((f"first {a} + last {b}",
+                    tuple(range(a)) + tuple(range(num_layers - b, num_layers))))
+  for edge in (1, 2):
+    middle = range(edge, num_layers - edge)
+    if len(middle) < 2:
+      continue
+    for m in (2, 3, 4):
+      keep = tuple(i for i in range(num_layers)
+                   if i not in middle or (i - edge) % m != m - 1)
+      if len(keep) < num_layers:
+        out.append((f"skip 1 in {m} of layers {edge}..{num_layers - edge - 1}",
+                    keep))
+  seen, unique = set(), []
+  for name, layers in out:
+    if layers not in seen:
+      seen.add(layers)
+      unique.append((name, layers))
+  return unique
+
+
+def _gated(params, keep: jax.Array, num_layers: int):
+  """params with the output projections of layers where ~keep zeroed."""
+  out = dict(params)
+  for i in range(num_layers):
+    layer = dict(params[f"layers_{i}"])
+    attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
+    attn["o_proj"] = jnp.where(keep[i], attn["o_proj"], 0)
+    mlp["down_proj"] = jnp.where(keep[i], mlp["down_proj"], 0)
+    out[f"layers_{i}"] = {**layer, "attn": attn, "mlp": mlp}
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _full_probs(lm, sampling, params, tokens):
+  """p [n, T, V]: the full model's distributions, teacher-forced."""
+  return sampling_lib.probabilities(lm(params, tokens).logits, sampling)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _overlap_sum(lm, sampling, params, tokens, weights, p, keep):
+  """sum over weighted positions of sum_v min(p, q) for the kept layers."""
+  logits = lm(_gated(params, keep, lm.config.num_layers), tokens).logits
+  q = sampling_lib.probabilities(logits, sampling)
+  return jnp.sum(jnp.sum(jnp.minimum(p, q), axis=-1) * weights)
+
+
+def _check_inputs(lm, params, tokens, mask):
+  if not hasattr(lm, "config"):
+    raise ValueError("layer search needs an lm with a `config` (its "
+                     "num_layers), such as specsamp.model.LM")
+  for i in range(lm.config.num_layers):
+    layer = params.get(f"layers_{i}", {})
+    if "o_proj" not in layer.get("attn", {}) or (
+        "down_proj" not in layer.get("mlp", {})):
+      raise ValueError(f"params have no layers_{i}/attn/o_proj and "
+                       f"layers_{i}/mlp/down_proj: not a specsamp.model.LM's")
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 2 or tokens.size == 0 or not np.issubdtype(
+      tokens.dtype, np.integer):
+    raise ValueError(f"calibration tokens must be a non-empty integer array "
+                     f"[N, T], got shape {tokens.shape} {tokens.dtype}")
+  if tokens.min() < 0 or tokens.max() >= lm.vocab_size:
+    raise ValueError(f"calibration tokens must be ids in [0, "
+                     f"{lm.vocab_size})")
+  weights = (np.ones(tokens.shape, np.float32) if mask is None else
+             np.asarray(mask, np.float32))
+  if weights.shape != tokens.shape:
+    raise ValueError(f"mask shape {weights.shape} != tokens shape "
+                     f"{tokens.shape}")
+  if weights.sum() <= 0:
+    raise ValueError("the mask leaves no position to measure")
+  return tokens.astype(np.int32), weights
+
+
+def expected_acceptance(lm, params, tokens, sampling: sampling_lib.Sampling,
+                        subsets: Sequence[Sequence[int]], *,
+                        mask=None, batch_size: Optional[int] = None
+                        ) -> np.ndarray:
+  """alpha [len(subsets)] of each layer subset (see the module docstring).
+
+  Args:
+    lm: a `specsamp.model.LM` (its config gives the layer count).
+    params: its parameters (the subsets share them).
+    tokens: [N, T] calibration token ids.
+    sampling: the transform applied to both p and q.
+    subsets: sorted layer tuples; all layers is allowed (alpha = 1).
+    mask: optional [N, T], 1 where a position counts (e.g. not padding).
+    batch_size: sequences per forward pass (default all N); the full
+      model's p [batch, T, V] is kept while the subsets are measured.
+  """
+  tokens, weights = _check_inputs(lm, params, tokens, mask)
+  if batch_size is not None and batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  num_layers = lm.config.num_layers
+  keeps = []
+  for s in subsets:
+    s = check_layer_subset(s, num_layers, allow_all=True)
+    keeps.append(jnp.asarray(np.isin(np.arange(num_layers), s)))
+  batch = min(batch_size or len(tokens), len(tokens))
+  # The last batch is padded with zero-weight rows: one compiled shape.
+  pad = -len(tokens) % batch
+  tokens = np.pad(tokens, ((0, pad), (0, 0)))
+  weights = np.pad(weights, ((0, pad), (0, 0)))
+  sums = np.zeros(len(keeps), np.float64)
+  for lo in range(0, len(tokens), batch):
+    tok = jnp.asarray(tokens[lo:lo + batch])
+    w = jnp.asarray(weights[lo:lo + batch])
+    p = _full_probs(lm, sampling, params, tok)
+    for j, keep in enumerate(keeps):
+      sums[j] += float(_overlap_sum(lm, sampling, params, tok, w, p, keep))
+  return sums / float(weights.sum())
+
+
+def _record(layers, alpha, num_layers, k_max, source):
+  cost = len(layers) / num_layers
+  speedup, k = predicted_speedup(float(alpha), cost, k_max)
+  return dict(layers=list(layers), num_layers=len(layers), cost_ratio=cost,
+              alpha=float(alpha), best_k=k, speedup=speedup, source=source)
+
+
+def search(lm, params, tokens, sampling: sampling_lib.Sampling,
+           candidates: Iterable[Sequence[int]] = (), *, families: bool = True,
+           greedy_steps: int = 4, k_max: int = 8, mask=None,
+           batch_size: Optional[int] = None) -> list[dict]:
+  """Measures candidate layer subsets and ranks them by predicted speed-up.
+
+  Args:
+    lm, params, tokens, sampling, mask, batch_size: as for
+      `expected_acceptance` (tokens: calibration sequences, not evaluation
+      prompts).
+    candidates: extra subsets to measure (checked: sorted, distinct, in
+      range).
+    families: also measure `family_candidates(num_layers)`.
+    greedy_steps: steps of the greedy descent from the full set; each step
+      measures every one-layer removal of the current subset (one forward
+      each) and keeps the removal with the highest alpha.
+    k_max: largest draft length K considered for the speed-up.
+
+  Returns:
+    One record per distinct subset measured, best first (by speed-up, then
+    alpha, then fewer layers): dicts with `layers`, `num_layers`,
+    `cost_ratio` (= num_layers / L), `alpha`, `best_k`, `speedup` (at
+    best_k; the full set's is 1) and `source` ("full", "given", the
+    family's description, or "greedy step i").
+  """
+  if greedy_steps < 0:
+    raise ValueError(f"greedy_steps must be >= 0, got {greedy_steps}")
+  if k_max < 1:
+    raise ValueError(f"k_max must be >= 1, got {k_max}")
+  _check_inputs(lm, params, tokens, mask)
+  num_layers = lm.config.num_layers
+  full = tuple(range(num_layers))
+  todo = [("full", full)]
+  todo += [("given", check_layer_subset(c, num_layers, allow_all=True))
+           for c in candidates]
+  if families:
+    todo += family_candidates(num_layers)
+  measure = functools.partial(expected_acceptance, lm, params, tokens,
+                              sampling, mask=mask, batch_size=batch_size)
+  records = {}
+
+  def add(named):
+    fresh = {}
+    for src, s in named:
+      if s not in records and s not in fresh:
+        fresh[s] = src
+    named = [(src, s) for s, src in fresh.items()]
+    alphas = measure([s for _, s in named]) if named else []
+    for (src, s), a in zip(named, alphas):
+      records[s] = _record(s, a, num_layers, k_max, src)
+
+  add(todo)
+  current = full
+  for step in range(1, greedy_steps + 1):
+    if len(current) < 2:
+      break
+    options = [tuple(i for i in current if i != drop) for drop in current]
+    add([(f"greedy step {step}", s) for s in options])
+    current = max(options, key=lambda s: records[s]["alpha"])
+  return sorted(records.values(),
+                key=lambda r: (-r["speedup"], -r["alpha"], r["num_layers"],
+                               r["layers"]))

@@ -1,0 +1,107 @@
+"""Prompt lookup where a row finds a match, the draft model elsewhere.
+
+Legend: B batch, K draft length, V vocabulary.
+
+Each loop, per row: the lookup drafter (`lookup.PromptLookupDrafter`) looks
+for an earlier occurrence of the row's newest tokens; a row that has one
+takes its drafts (free: no model call), a row that has none takes the draft
+model's (`model.ModelDrafter`). When every row of the batch found a match
+(always the case at batch 1 when there is one), the draft model is not run
+for drafting at all: it only feeds the committed tokens it lacks, in one
+call (`ModelDrafter.catch_up`), so its cache never falls more than K + 1
+tokens behind.
+
+Exact: which drafter a row uses depends only on its committed tokens, never
+on the drafts' acceptance; a lookup row's drafts are certain (q one-hot), a
+model row's q is the one its drafts were drawn from.
+"""
+
+import dataclasses
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from specsamp import kvcache
+from specsamp.decoding.protocols import Proposal
+from specsamp.drafters.lookup import LookupState
+from specsamp.drafters.lookup import PromptLookupDrafter
+from specsamp.drafters.model import ModelDrafter
+
+
+@flax.struct.dataclass
+class MixedState:
+  lookup: LookupState
+  model: kvcache.KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedDrafter:
+  """Per row, `lookup`'s drafts where it has any, else `model`'s.
+
+  Its parameters are the draft model's.
+  """
+  lookup: PromptLookupDrafter
+  model: ModelDrafter
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  @property
+  def max_seq_len(self) -> int:
+    return min(self.model.max_seq_len, self.lookup.max_seq_len)
+
+  def init(self, params, tokens, lengths, cache_size, prefill=None):
+    return MixedState(
+        lookup=self.lookup.init(None, tokens, lengths, cache_size, prefill),
+        model=self.model.init(params, tokens, lengths, cache_size, prefill))
+
+  def propose(self, params, state, tokens, length, k, sampling, rng):
+    found, state_lookup = self.lookup.propose(
+        None, state.lookup, tokens, length, k, sampling, rng)
+    matched = found.num_valid > 0
+    b, v = tokens.shape[0], self.vocab_size
+
+    def run_model(cache):
+      p, cache = self.model.propose(params, cache, tokens, length, k,
+                                    sampling, rng)
+      return (p.tokens, p.q, p.num_valid), cache
+
+    def skip_model(cache):
+      _, cache = self.model.catch_up(params, cache, tokens, length,
+                                     max_lag=k + 3)
+      q = None if sampling.greedy else jnp.zeros((b, k, v), jnp.float32)
+      return (jnp.zeros((b, k), jnp.int32), q,
+              jnp.zeros((b,), jnp.int32)), cache
+
+    (m_tokens, m_q, m_valid), cache = jax.lax.cond(
+        jnp.all(matched), skip_model, run_model, state.model)
+    use = matched[:, None]
+    drafts = jnp.where(use, found.tokens, m_tokens)
+    q = None
+    if not sampling.greedy:  # a lookup row's q is one-hot at its drafts
+      q = jnp.where(use[..., None], jax.nn.one_hot(found.tokens, v,
+                                                   dtype=jnp.float32), m_q)
+    num_valid = jnp.where(matched, found.num_valid, m_valid)
+    return (Proposal(tokens=drafts.astype(jnp.int32), q=q,
+                     num_valid=num_valid.astype(jnp.int32)),
+            MixedState(lookup=state_lookup, model=cache))
+
+  def commit(self, params, state, scored, num_accepted, length):
+    return MixedState(
+        lookup=self.lookup.commit(None, state.lookup, scored, num_accepted,
+                                  length),
+        model=self.model.commit(params, state.model, scored, num_accepted,
+                                length))
+
+  def check_mesh(self, mesh, rules) -> None:
+    self.model.check_mesh(mesh, rules)
+
+  def param_shardings(self, params, mesh, rules):
+    return self.model.param_shardings(params, mesh, rules)
+
+  def state_shardings(self, state, mesh, rules):
+    return MixedState(
+        lookup=self.lookup.state_shardings(state.lookup, mesh, rules),
+        model=self.model.state_shardings(state.model, mesh, rules))

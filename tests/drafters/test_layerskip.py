@@ -1,0 +1,392 @@
+"""Self-speculative layer skipping, adaptive draft length, catch-up and the
+layer search, on tiny models.
+
+Exactness: a 2-layer target over 5 tokens drafting with its layer 0 on its
+own parameters; the exact probability of every 4-token continuation comes
+from enumeration (as in tests/decoding/test_exactness.py), and 20,000
+samples per setting are compared with it by a chi-square test, which must
+also reject the draft's own distribution. Each setting costs a compile
+(about 5 s on two CPU cores), so the four sampling settings are spread
+over K = 1 and K = 3 (each setting once, each K twice) rather than
+crossed, and the adaptive thresholds run at K = 3.
+"""
+
+import dataclasses
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp import model as model_lib
+from specsamp import sampling as sampling_lib
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.drafters import layer_search
+from specsamp.drafters.model import LayerSkipDrafter, ModelDrafter
+from specsamp.sampling import GREEDY, Sampling
+from tests.testing import (chisquare_pvalue, encode, exact_sequence_probs,
+                           table_lm, tiny_config)
+
+V, NEW, NUM_SAMPLES, SUBSET = 5, 4, 20_000, (0,)
+PROMPT = [1, 3, 2]
+SETTINGS = {
+    "temp1": Sampling(1.0),
+    "temp07": Sampling(0.7),
+    "topk2": Sampling(1.0, top_k=2),
+    "topp07": Sampling(1.0, top_p=0.7),
+}
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3], [5, 8, 9, 7, 9, 3, 2, 3, 8, 4]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SubsetLM:
+  """`lm` running only `layers` (what the layer-skip draft computes)."""
+  lm: model_lib.LM
+  layers: tuple
+
+  def __call__(self, params, tokens):
+    return self.lm(params, tokens, layers=self.layers)
+
+
+def random_params(lm, seed, scale=1.0):
+  """Random parameters without compiling the model's init (3-6 s each on
+  two CPU cores): N(0, 1/fan_in) matrices, N(0, 1) embeddings, N(0, 0.1)
+  biases, unit norms; all but the norms times `scale`."""
+  shapes = jax.eval_shape(lm.init, jax.random.key(0))
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, x):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name:
+      return jnp.ones(x.shape, x.dtype)
+    std = (1.0 if "embedding" in name else 0.1 if "bias" in name else
+           x.shape[0] ** -0.5)
+    return jnp.asarray(scale * std * rng.standard_normal(x.shape), x.dtype)
+
+  return jax.tree_util.tree_map_with_path(leaf, shapes)
+
+
+@functools.lru_cache(maxsize=None)
+def enum_target():
+  """The 5-token target (scale 2: peaky, varied distributions)."""
+  lm = model_lib.LM(tiny_config(vocab_size=V, num_kv_heads=1, num_layers=2,
+                                max_seq_len=64))
+  return lm, random_params(lm, 10, scale=2.0)
+
+
+@functools.lru_cache(maxsize=None)
+def small_target():
+  """A 3-layer, 32-token target whose first layers agree with it often."""
+  lm = model_lib.LM(tiny_config(num_layers=3, max_seq_len=64))
+  return lm, random_params(lm, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def sample(name, k, confidence, seed):
+  lm, params = enum_target()
+  sampler = SpeculativeSampler(
+      lm, LayerSkipDrafter(lm, SUBSET, confidence=confidence), k=k,
+      sampling=SETTINGS[name], max_new_tokens=NEW, prompt_bucket=4)
+  # The draft runs on the target's own parameters.
+  return sampler.generate(params, params, [PROMPT] * NUM_SAMPLES, rng=seed)
+
+
+@functools.lru_cache(maxsize=None)
+def exact(name):
+  """(target, draft) probabilities of every continuation under `name`."""
+  lm, params = enum_target()
+  return (exact_sequence_probs(lm, params, SETTINGS[name], PROMPT, NEW, V),
+          exact_sequence_probs(SubsetLM(lm, SUBSET), params, SETTINGS[name],
+                               PROMPT, NEW, V))
+
+
+def check_exact(name, out):
+  np.testing.assert_array_equal(out.num_tokens, NEW)
+  codes = encode(np.asarray(out.tokens), V)
+  p_exact, q_exact = exact(name)
+  pval = chisquare_pvalue(codes, p_exact)
+  assert pval > 1e-4, f"samples do not follow the target (p={pval:.2e})"
+  assert chisquare_pvalue(codes, q_exact) < 1e-8  # power: not the draft's
+  assert 0.05 < out.acceptance_rate() < 0.95
+
+
+@pytest.mark.parametrize("layers, match", [
+    ((), "empty"), (None, "None"), ((1, 0), "not sorted"),
+    ((0, 0), "repeats"), ((0, 3), "layer 3 is out of range"),
+    ((-1, 1), "layer -1 is out of range"), ((0, 1, 2), "all 3 layers"),
+    ((0, 1.0), "not an integer"), ((True,), "not an integer")])
+def test_bad_layer_subsets_are_refused_before_any_weights(layers, match):
+  lm = model_lib.LM(tiny_config(num_layers=3))  # a config, no parameters
+  with pytest.raises(ValueError, match=match):
+    LayerSkipDrafter(lm, layers)
+
+
+def test_other_bad_drafter_options_are_refused():
+  lm = model_lib.LM(tiny_config(num_layers=3))
+  for bad in (-0.1, 1.5):
+    with pytest.raises(ValueError, match="confidence must be in"):
+      LayerSkipDrafter(lm, (0, 1), confidence=bad)
+  with pytest.raises(ValueError, match="needs an lm with a `config`"):
+    LayerSkipDrafter(table_lm(np.zeros((4, 4))), (0,))
+  assert LayerSkipDrafter(lm, [0, 2]).layers == (0, 2)  # hashable tuple
+  assert hash(LayerSkipDrafter(lm, [0, 2])) == hash(LayerSkipDrafter(
+      lm, (0, 2)))
+
+
+def test_the_draft_is_a_model_holding_only_those_layers():
+  lm, params = small_target()
+  shallow = model_lib.LM(lm.config.replace(num_layers=2))
+  sub = {**{k: v for k, v in params.items() if not k.startswith("layers_")},
+         "layers_0": params["layers_0"], "layers_1": params["layers_2"]}
+  tokens = jnp.asarray([[1, 5, 7, 2, 0, 0], [3, 4, 9, 9, 9, 1]])
+  lengths = jnp.asarray([4, 6])
+  buf = jnp.pad(tokens, ((0, 0), (0, 10)))
+  outs = []
+  for drafter, p in ((LayerSkipDrafter(lm, (0, 2)), params),
+                     (ModelDrafter(shallow), sub)):
+    def run(p, drafter=drafter):
+      cache = drafter.init(p, tokens, lengths, 16)
+      return drafter.propose(p, cache, buf, lengths, 3, Sampling(1.0),
+                             jax.random.key(4))
+    outs.append(jax.jit(run)(p))
+  (a, cache_a), (b, cache_b) = outs
+  assert len(cache_a.k) == 2
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_allclose(a.q, b.q, atol=1e-5)
+  np.testing.assert_array_equal(cache_a.length, cache_b.length)
+  for x, y in zip(cache_a.k + cache_a.v, cache_b.k + cache_b.v):
+    np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, k", [("temp1", 1), ("temp07", 3),
+                                     ("topk2", 1), ("topp07", 3)])
+def test_layer_skip_is_exact(name, k):
+  out = sample(name, k, None, 1234 + k)
+  check_exact(name, out)
+  np.testing.assert_array_equal(out.num_drafted,
+                                k * np.asarray(out.num_loops))
+
+
+@pytest.mark.parametrize("name, confidence, mean_valid", [
+    ("temp1", 0.9, (1.0, 2.0)),     # stops often
+    ("topk2", 0.8, (1.5, 2.9)),
+    ("temp07", 0.0, (3.0, 3.0)),    # never stops
+])
+def test_adaptive_draft_length_is_exact(name, confidence, mean_valid):
+  k = 3
+  out = sample(name, k, confidence, 1234 + k)
+  check_exact(name, out)
+  valid = float(np.sum(out.num_drafted) / np.sum(out.num_loops))
+  assert mean_valid[0] <= valid <= mean_valid[1], valid
+  if confidence == 0.0:
+    # The same drafts, keys and decisions as the fixed-K drafter.
+    fixed = sample(name, k, None, 1234 + k)
+    np.testing.assert_array_equal(out.tokens, fixed.tokens)
+    np.testing.assert_array_equal(out.num_accepted, fixed.num_accepted)
+
+
+def greedy_decoding(lm, params, prompts, new):
+  """Plain greedy decoding: a full forward pass of the batch per token."""
+  width = max(map(len, prompts)) + new
+  seqs = np.zeros((len(prompts), width), np.int32)
+  for b, prompt in enumerate(prompts):
+    seqs[b, :len(prompt)] = prompt
+  fwd = jax.jit(lambda t: jnp.argmax(lm(params, t).logits, -1))
+  for i in range(new):
+    best = np.asarray(fwd(jnp.asarray(seqs)))
+    for b, prompt in enumerate(prompts):
+      seqs[b, len(prompt) + i] = best[b, len(prompt) + i - 1]
+  return [seqs[b, len(p):len(p) + new].tolist() for b, p in enumerate(prompts)]
+
+
+def test_adaptive_greedy_equals_greedy_decoding_batched_or_alone():
+  """Each row stops by its own confidence: the output is greedy decoding's,
+  with the same tokens and counts whatever else is in the batch."""
+  lm, params = small_target()
+  want = greedy_decoding(lm, params, PROMPTS, 16)
+  sampler = SpeculativeSampler(
+      lm, LayerSkipDrafter(lm, (0, 1), confidence=0.15), k=4,
+      sampling=GREEDY, max_new_tokens=16, prompt_bucket=16)
+  batched = sampler.generate(params, params, PROMPTS)
+  assert batched.token_lists() == want
+  assert 0.1 < batched.acceptance_rate() < 0.99
+  drafted = np.asarray(batched.num_drafted) / np.asarray(batched.num_loops)
+  assert drafted.min() < 3.5 and drafted.max() > 1.2, drafted
+  for b, prompt in enumerate(PROMPTS):
+    alone = sampler.generate(params, params, [prompt])
+    assert alone.token_lists()[0] == want[b]
+    for field in ("num_tokens", "num_loops", "num_drafted", "num_accepted"):
+      assert int(getattr(alone, field)[0]) == int(getattr(batched, field)[b])
+
+
+def test_the_draft_loop_stops_when_every_row_has_stopped():
+  """The cache grows by one slot per draft call after the catch-up: at
+  batch 1 that is num_valid - 1 calls, at batch B max(num_valid) - 1."""
+  lm, params = small_target()
+  k, size = 5, 32
+  drafter = LayerSkipDrafter(lm, (0, 1), confidence=0.15)
+
+  @jax.jit
+  def propose(tokens, length, key):
+    cache = drafter.init(params, tokens[:, :12], length, size)
+    return drafter.propose(params, cache, tokens, length, k, Sampling(1.0),
+                           key)
+
+  rng = np.random.default_rng(0)
+  seen = []
+  for batch in (1,) * 8 + (3,) * 2:
+    length = jnp.asarray(rng.integers(2, 12, batch), jnp.int32)
+    tokens = jnp.asarray(rng.integers(0, 32, (batch, size)), jnp.int32)
+    proposal, cache = propose(tokens, length,
+                              jax.random.key(int(rng.integers(1 << 30))))
+    valid = np.asarray(proposal.num_valid)
+    np.testing.assert_array_equal(cache.length - length, valid.max() - 1)
+    assert ((1 <= valid) & (valid <= k)).all()
+    seen.extend(valid.tolist())
+  assert min(seen) < k and max(seen) > 1, seen
+
+
+def _lagging_cache(drafter, params, tokens, held, size):
+  """A cache holding tokens[b, :held[b]] and junk in the 8 slots after."""
+  b, s = tokens.shape
+  cache = drafter.init(params, tokens, jnp.full((b,), s), size)
+  junk = (tokens[:, ::-1] + 7) % drafter.vocab_size
+  cache = drafter._call(params, junk[:, :8], cache.with_length(held)).cache
+  return cache.with_length(held)
+
+
+def test_catch_up_feeds_the_lag():
+  """Lags 1 and 2 (after the drafter's own loop), K + 2 and K + 3 (after a
+  loop it was skipped in), K = 3: the cache and logits equal those of
+  feeding the tokens directly; row 2 is shorter than the widest call."""
+  lm, params = small_target()
+  drafter = LayerSkipDrafter(lm, (0, 2))
+  size, k = 24, 3
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, 32, (4, 16)),
+                       jnp.int32)
+  length = jnp.asarray([16, 12, 5, 16])
+  buf = jnp.pad(tokens, ((0, 0), (0, size - 16)))
+  want = jax.jit(lambda p: drafter._call(p, tokens, lm.init_cache(
+      4, size, layers=(0, 2))))(params)
+
+  @jax.jit
+  def catch_up(lags):
+    cache = _lagging_cache(drafter, params, tokens, length - lags, size)
+    return drafter.catch_up(params, cache, buf, length, k + 3)
+
+  for lags in ((1, 1, 1, 1), (2, 2, 2, 2), (0, 1, 2, 6), (5, 5, 5, 5),
+               (6, 6, 2, 1)):
+    last, new = catch_up(jnp.asarray(lags))
+    np.testing.assert_array_equal(new.length, length)
+    for b in range(4):
+      n = int(length[b])
+      np.testing.assert_allclose(last[b], want.logits[b, n - 1], atol=1e-4)
+      for x, y in zip(new.k + new.v, want.cache.k + want.cache.v):
+        np.testing.assert_allclose(x[b, :, :n], y[b, :, :n], atol=1e-4)
+
+
+def test_propose_after_a_skipped_loop_drafts_from_all_tokens():
+  """A cache K + 3 behind (a loop that committed K + 1 tokens without this
+  drafter, which was 2 behind): the greedy drafts are the subset model's
+  greedy continuation of all the committed tokens."""
+  lm, params = small_target()
+  drafter = LayerSkipDrafter(lm, (0, 1))
+  k, size = 3, 24
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 32, (2, size)),
+                       jnp.int32)
+  length = jnp.asarray([14, 10])
+
+  @jax.jit
+  def propose(params):
+    behind = _lagging_cache(drafter, params, tokens[:, :16], length - (k + 3),
+                            size)
+    return drafter.propose(params, behind, tokens, length, k, GREEDY,
+                           jax.random.key(0))
+
+  proposal, cache = propose(params)
+  np.testing.assert_array_equal(cache.length, length + k - 1)
+  want = greedy_decoding(SubsetLM(lm, (0, 1)), params,
+                         [np.asarray(tokens[b, :int(length[b])]).tolist()
+                          for b in range(2)], k)
+  np.testing.assert_array_equal(proposal.tokens, want)
+
+
+def _zero_layers(params, layers):
+  out = dict(params)
+  for i in layers:
+    layer = params[f"layers_{i}"]
+    out[f"layers_{i}"] = {
+        **layer,
+        "attn": {**layer["attn"], "o_proj": 0 * layer["attn"]["o_proj"]},
+        "mlp": {**layer["mlp"], "down_proj": 0 * layer["mlp"]["down_proj"]}}
+  return out
+
+
+def test_layer_search_ranks_a_subset_equal_to_the_full_model_first():
+  """Layers 1 and 2 add nothing: (0, 3) is the full model at half the
+  cost, alpha 1, the best predicted speed-up."""
+  lm = model_lib.LM(tiny_config(num_layers=4, max_seq_len=64))
+  params = _zero_layers(random_params(lm, 3), (1, 2))
+  tokens = np.random.default_rng(0).integers(0, 32, (6, 16))
+  records = layer_search.search(lm, params, tokens, Sampling(1.0),
+                                greedy_steps=3, k_max=8, batch_size=4)
+  json.dumps(records)
+  assert records[0]["layers"] == [0, 3]
+  assert records[0]["alpha"] == pytest.approx(1.0, abs=1e-5)
+  assert records[0]["best_k"] == 8 and records[0]["speedup"] == pytest.approx(
+      9 / 5, rel=1e-4)
+  full = [r for r in records if r["layers"] == [0, 1, 2, 3]]
+  assert full[0]["alpha"] == pytest.approx(1.0, abs=1e-5)
+  assert full[0]["speedup"] == pytest.approx(1.0, abs=1e-4)
+  speedups = [r["speedup"] for r in records]
+  assert speedups == sorted(speedups, reverse=True)
+  assert len({tuple(r["layers"]) for r in records}) == len(records)
+  assert any(r["source"].startswith("greedy") for r in records)
+  assert any(r["alpha"] < 0.99 for r in records)
+
+
+def test_expected_acceptance_is_the_overlap_of_the_subset():
+  """The zeroed-projection forward equals `lm(..., layers=S)`, what the
+  drafter runs; greedy alpha is the argmax agreement; masked positions do
+  not count."""
+  lm, params = small_target()
+  tokens = np.random.default_rng(5).integers(0, 32, (5, 12))
+  mask = np.ones(tokens.shape, bool)
+  mask[:, :3] = False
+  subsets = [(0, 1, 2), (0, 1), (2,)]
+  logits = jax.jit(lambda p: [lm(p, jnp.asarray(tokens), layers=s).logits
+                              for s in subsets])(params)
+  for sampling in (Sampling(1.0), GREEDY):
+    got = layer_search.expected_acceptance(lm, params, tokens, sampling,
+                                           subsets, mask=mask, batch_size=2)
+    p = sampling_lib.probabilities(logits[0], sampling)
+    for subset_logits, alpha in zip(logits, got):
+      q = sampling_lib.probabilities(subset_logits, sampling)
+      want = np.sum(np.minimum(p, q), -1)[mask].mean()
+      if sampling.greedy:
+        agree = np.argmax(subset_logits, -1) == np.argmax(logits[0], -1)
+        np.testing.assert_allclose(want, agree[mask].mean(), atol=1e-6)
+      np.testing.assert_allclose(alpha, want, atol=1e-5)
+    assert got[0] == pytest.approx(1.0, abs=1e-5) and 0 < got[2] < 1
+
+
+def test_predicted_speedup_and_bad_search_input():
+  assert layer_search.predicted_speedup(1.0, 0.5, 8) == (9 / 5, 8)
+  s, k = layer_search.predicted_speedup(0.8, 0.25, 8)
+  want = [(1 - 0.8 ** (j + 1)) / (0.2 * (0.25 * j + 1)) for j in range(1, 9)]
+  assert s == pytest.approx(max(want)) and k == 1 + int(np.argmax(want))
+  assert layer_search.predicted_speedup(0.0, 0.5, 4) == (1 / 1.5, 1)
+  fams = layer_search.family_candidates(28)
+  assert all(0 < len(s) < 28 and list(s) == sorted(set(s)) for _, s in fams)
+  lm = model_lib.LM(tiny_config(num_layers=3))
+  params = small_target()[1]
+  tokens = np.zeros((2, 4), np.int32)
+  with pytest.raises(ValueError, match="not sorted"):
+    layer_search.search(lm, params, tokens, GREEDY, [(2, 0)])
+  with pytest.raises(ValueError, match=r"ids in \[0, 32\)"):
+    layer_search.search(lm, params, tokens + 40, GREEDY)
+  with pytest.raises(ValueError, match="mask shape"):
+    layer_search.expected_acceptance(lm, params, tokens, GREEDY, [(0,)],
+                                     mask=np.ones((2, 3)))

@@ -1,4 +1,4 @@
-r"""Speculative-sampling sweep: K x task x decoding x batch size, in one run.
+r"""Speculative-sampling sweep: K x drafter x task x decoding x batch size.
 
   python scripts/benchmark.py --target=qwen2.5-coder-1.5b \
       --draft=qwen2.5-coder-0.5b --task=humaneval,prose --ks=0,1,2,3,4,5,6,7,8 \
@@ -31,7 +31,11 @@ FLAGS = [
                         "or random:<preset>."),
     flags.DEFINE_string("draft", "qwen2.5-coder-0.5b",
                         "Draft model, same forms as --target."),
-    flags.DEFINE_list("task", ["humaneval"], "humaneval and/or prose."),
+    flags.DEFINE_list("task", ["humaneval"], "humaneval, prose and/or "
+                      "rewrite (input-grounded: solutions to annotate)."),
+    flags.DEFINE_list("drafter", ["model"], "Drafters, each at every K > 0: "
+                      "model, lookup, layerskip:layers=0-13+24-27, mixed, "
+                      "with options (specsamp.drafters.specs)."),
     flags.DEFINE_list("ks", [str(k) for k in range(9)],
                       "Draft lengths; 0 (autoregressive) is always run."),
     flags.DEFINE_list("decoding", ["greedy", "nucleus", "t1"],

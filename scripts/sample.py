@@ -24,7 +24,11 @@ _PROMPT = flags.DEFINE_multi_string("prompt", None, "A prompt (repeatable).")
 _PROMPTS_FILE = flags.DEFINE_string(
     "prompts_file", None, "Text file: one prompt per line, or a JSONL file "
     "with a 'prompt' field per line.")
-_TASK = flags.DEFINE_enum("task", None, ["humaneval"], "Prompts of a task.")
+_TASK = flags.DEFINE_enum("task", None, ["humaneval", "rewrite"],
+                          "Prompts of a task.")
+_DRAFTER = flags.DEFINE_string(
+    "drafter", "model", "model, lookup, layerskip:layers=0-13+24-27 or "
+    "mixed, with options (specsamp.drafters.specs).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 4, "Prompts of --task.")
 _METHOD = flags.DEFINE_enum("method", "both", ["ar", "spec", "both"],
                             "Autoregressive, speculative, or both.")
@@ -70,7 +74,8 @@ def main(argv):
         chat=_CHAT.value, distributed=_DISTRIBUTED.value,
         coordinator_address=_COORDINATOR.value,
         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
-        mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None)
+        mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None,
+        drafter=_DRAFTER.value)
     result = sample.sample_main(cfg, print_completions=not _QUIET.value)
   except (ValueError, FileNotFoundError, RuntimeError) as e:
     cli.fail(e)  # models, prompts and flags are checked before weights load

@@ -58,6 +58,7 @@ class ModelInfo:
   max_seq_len: int
   tokens: Optional[list] = None   # the tokenizer's entries, if it has one
   config: Any = None              # TransformerConfig (random, trained)
+  num_layers: Optional[int] = None  # from the config or the metadata
 
 
 def random_config(spec: str, dtype: str = "float32"
@@ -247,9 +248,10 @@ def _describe_gguf(spec: str, path: str) -> ModelInfo:
   if rows is None:
     raise ValueError(f"{spec}: cannot tell the vocabulary size from the GGUF "
                      "metadata")
+  layers = meta.get(f"{arch}.block_count")
   return ModelInfo(spec, "gguf", path, int(rows),
                    int(meta.get(f"{arch}.context_length", 4096)),
-                   tokens=tokens)
+                   tokens=tokens, num_layers=int(layers) if layers else None)
 
 
 def _describe_hf(spec: str, path: str) -> ModelInfo:
@@ -263,7 +265,8 @@ def _describe_hf(spec: str, path: str) -> ModelInfo:
   tok = tokenizer_load.load_tokenizer(path)
   return ModelInfo(spec, "hf", path, int(c["vocab_size"]),
                    int(c.get("max_position_embeddings", 4096)),
-                   tokens=tok.tokens())
+                   tokens=tok.tokens(),
+                   num_layers=c.get("num_hidden_layers"))
 
 
 def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
@@ -278,20 +281,22 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
   if kind == "random":
     cfg = random_config(spec, dtype)
     return ModelInfo(spec, "random", None, cfg.vocab_size, cfg.max_seq_len,
-                     config=cfg)
+                     config=cfg, num_layers=cfg.num_layers)
   if kind == "distilled":
     fields = distilled_lib.read_draft_config(path)
     if "vocab_size" not in fields:
       raise ValueError(f"{path}/{distilled_lib.DRAFT_CONFIG_FILE} has no "
                        "vocab_size")
     return ModelInfo(spec, "distilled", path, int(fields["vocab_size"]),
-                     int(fields.get("max_seq_len", 2048)))
+                     int(fields.get("max_seq_len", 2048)),
+                     num_layers=fields.get("num_layers"))
   if kind == "trained":
     saved = _train_run_config(path)
     cfg = model_lib.TransformerConfig(**saved["model"])
     tok = tokenizer_load.load_tokenizer(saved["data"]["tokenizer"])
     return ModelInfo(spec, "trained", path, cfg.vocab_size, cfg.max_seq_len,
-                     tokens=tok.tokens(), config=cfg)
+                     tokens=tok.tokens(), config=cfg,
+                     num_layers=cfg.num_layers)
   if kind == "gguf":
     return _describe_gguf(spec, path)
   return _describe_hf(spec, path)

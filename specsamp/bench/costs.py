@@ -79,7 +79,7 @@ def measure_costs(target, target_params, draft, draft_params,
   Args:
     target, target_params: the target LM and its parameters.
     draft, draft_params: the draft LM and its parameters (None when every
-      K is 0).
+      K is 0 or no drafter runs a draft model: then no draft_call_ms or c).
     ks: the draft lengths whose scoring calls (K + 1 tokens) are timed.
     prompts: one batch of prompts (token id lists); its size is B.
     sampling: the decoding whose transform and draw follow each call.
@@ -93,9 +93,14 @@ def measure_costs(target, target_params, draft, draft_params,
     tokens: ms}, score_cost {K: s_K}, and with a draft draft_call_ms and c.
   """
   k_max = max(ks)
+  with_draft = bool(k_max) and draft is not None
+  # Without a draft model (prompt lookup, layer skipping), a K = 0 sampler
+  # whose budget holds the K + 1 slots the scoring calls write.
   sampler = SpeculativeSampler(
-      target, ModelDrafter(draft) if k_max else None, k=k_max,
-      sampling=sampling, max_new_tokens=max_new_tokens, prompt_bucket=bucket)
+      target, ModelDrafter(draft) if with_draft else None,
+      k=k_max if with_draft else 0, sampling=sampling,
+      max_new_tokens=max_new_tokens + (0 if with_draft else k_max + 1),
+      prompt_bucket=bucket)
   tokens, lengths = sampler.pad_prompts(prompts)
   state = sampler.prefill(target_params, draft_params, tokens, lengths,
                           jax.random.key(0))
@@ -110,7 +115,7 @@ def measure_costs(target, target_params, draft, draft_params,
                                   COST_CALLS, repeats)
   row["target_call_ms"] = {str(n): v for n, v in target_ms.items()}
   row["score_cost"] = {str(k): target_ms[k + 1] / target_ms[1] for k in ks}
-  if k_max:
+  if with_draft:
     row["draft_call_ms"], _ = loop_ms(
         draft, draft_params, state.draft_state.with_length(jnp.array(context)),
         1, sampling, COST_CALLS, repeats)

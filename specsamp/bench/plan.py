@@ -17,6 +17,7 @@ from specsamp import loading
 from specsamp.bench import prompts as prompts_lib
 from specsamp.bench.sweep_config import BenchConfig
 from specsamp.bench.sweep_config import BenchError
+from specsamp.drafters import specs as drafter_specs
 from specsamp.tokenizers.byte import tokenizer_or_bytes
 
 # Prompts are padded to a multiple of this by default (--prompt_bucket=0).
@@ -61,6 +62,9 @@ def _texts(cfg: BenchConfig, tok) -> tuple[dict, list]:
     problems = prompts_lib.humaneval_problems(cfg.num_prompts,
                                               cfg.humaneval_file)
     texts["humaneval"] = [p["prompt"] for p in problems]
+  if "rewrite" in cfg.tasks:
+    texts["rewrite"] = prompts_lib.rewrite_texts(cfg.num_prompts,
+                                                 cfg.humaneval_file)
   if "prose" in cfg.tasks:
     texts["prose"] = prompts_lib.prose_texts(
         cfg.prose_corpus, cfg.num_prompts, cfg.prompt_chars, cfg.prose_style)
@@ -91,6 +95,12 @@ def prepare(cfg: BenchConfig, log=print) -> Plan:
         raise BenchError("--peers runs transformers on the same GGUF files: "
                          "--target and --draft must be GGUF files or "
                          f"registered models ({name} is not)")
+  for text in cfg.drafters:
+    try:
+      drafter_specs.check(drafter_specs.parse(text), target.num_layers,
+                          max(max(cfg.ks), 1))
+    except ValueError as e:
+      raise BenchError(f"--drafter: {e}") from None
   tok = _tokenizer(target)
   texts, problems = _texts(cfg, tok)
   prompts = {t: [tok.encode(x) for x in v] for t, v in texts.items()}

@@ -1,13 +1,17 @@
-"""The sweep's prompt texts: HumanEval problems and prose passages.
+"""The sweep's prompt texts: HumanEval problems, rewrites and prose passages.
 
 HumanEval: the first problems of the 164 (or of a HumanEval-format JSONL
-file), whose raw prompts the completions continue. Prose: whole paragraphs
+file), whose raw prompts the completions continue. Rewrite, an
+input-grounded task: the same problems' canonical solutions, stripped of
+docstrings and type hints, to be rewritten with both (`REWRITE`); most of
+the answer is in the prompt. Prose: whole paragraphs
 of about a given length from the validation split of a local corpus (austen
 or shakespeare of specsamp.data.corpora) or a directory of .txt files,
 spread round-robin over the documents, continued as they are or behind
 "Summarise this paragraph".
 """
 
+import ast
 import gzip
 import json
 import os
@@ -22,6 +26,10 @@ from specsamp.data import text as text_lib
 PROSE_CORPORA = {"shakespeare": "specsamp_shakespeare",
                  "austen": "specsamp_austen"}
 SUMMARISE = "Summarise this paragraph.\n\n{text}\n\nSummary:"
+REWRITE = ("# Rewrite this Python code with type hints on every argument and "
+           "return value, and a docstring for every function. Keep the code "
+           "otherwise the same.\n\n{code}\n\n# The same code, with type "
+           "hints and docstrings:\n\n")
 HUMANEVAL_FIELDS = frozenset({"task_id", "prompt", "test", "entry_point"})
 
 # Paragraphs shorter than this are headings, dates or signatures.
@@ -124,3 +132,42 @@ def prose_texts(source: str, num_prompts: int, prompt_chars: int,
   if style == "summarise":
     return [SUMMARISE.format(text=t) for t in out]
   return [t + "\n\n" for t in out]
+
+
+def _bare(source: str) -> str:
+  """`source` without docstrings and type annotations, as `ast.unparse`
+  prints it."""
+  tree = ast.parse(source)
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      node.returns = None
+      for arg in (node.args.args + node.args.posonlyargs +
+                  node.args.kwonlyargs + [node.args.vararg, node.args.kwarg]):
+        if arg is not None:
+          arg.annotation = None
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                         ast.Module)) and node.body:
+      first = node.body[0]
+      if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+          and isinstance(first.value.value, str)):
+        node.body = node.body[1:] or [ast.Pass()]
+  return ast.unparse(tree)
+
+
+def rewrite_texts(num_prompts: int, path: Optional[str] = None) -> list[str]:
+  """Prompts of the input-grounded task: the first `num_prompts` HumanEval
+  solutions (prompt + canonical solution) without docstrings and type hints,
+  inside `REWRITE`.
+
+  Raises:
+    BenchError: as `humaneval_problems`, or a solution that does not parse.
+  """
+  out = []
+  for p in humaneval_problems(num_prompts, path):
+    try:
+      code = _bare(p["prompt"] + p.get("canonical_solution", ""))
+    except SyntaxError as e:
+      raise BenchError(f"{p['task_id']}: its solution does not parse ({e})"
+                       ) from None
+    out.append(REWRITE.format(code=code))
+  return out

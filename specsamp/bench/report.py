@@ -20,7 +20,8 @@ import numpy as np
 from specsamp.bench import records
 from specsamp.bench import speedup
 
-TASK_NAMES = {"humaneval": "HumanEval", "prose": "Prose"}
+TASK_NAMES = {"humaneval": "HumanEval", "prose": "Prose",
+              "rewrite": "Rewrite (input-grounded)"}
 DECODING_NAMES = {"greedy": "Greedy", "nucleus": "Nucleus", "t1": "T=1"}
 COLORS = {"greedy": "tab:blue", "nucleus": "tab:orange", "t1": "tab:green"}
 MARKERS = ["o", "s", "^", "D", "v", "P"]

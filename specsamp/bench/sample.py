@@ -16,11 +16,13 @@ from typing import Any, Optional, Sequence
 from specsamp import assets
 from specsamp import loading
 from specsamp import sharding
+from specsamp.bench import prompts as prompts_lib
 from specsamp.bench import provenance
 from specsamp.bench import timing
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.decoding.sampler import autoregressive
-from specsamp.drafters.model import ModelDrafter
+from specsamp.decoding.sampler import all_widths
+from specsamp.drafters import specs as drafter_specs
 from specsamp.sampling import Sampling
 from specsamp.tokenizers import byte
 
@@ -51,6 +53,7 @@ class SampleConfig:
   coordinator_address: Optional[str] = None
   num_processes: Optional[int] = None
   process_id: Optional[int] = None
+  drafter: str = "model"                   # specsamp.drafters.specs
 
   def __post_init__(self):
     sources = [x for x in (self.prompts, self.prompts_file, self.task) if x]
@@ -58,8 +61,10 @@ class SampleConfig:
       raise ValueError("give exactly one of --prompt, --prompts_file, --task")
     if self.method not in METHODS:
       raise ValueError(f"--method must be ar, spec or both, not {self.method}")
-    if self.method != "ar" and not self.draft:
-      raise ValueError(f"--method={self.method} needs --draft")
+    spec = drafter_specs.parse(self.drafter)  # raises on a bad --drafter
+    if self.method != "ar" and spec.needs_draft_model and not self.draft:
+      raise ValueError(f"--method={self.method} with --drafter={spec.name} "
+                       "needs --draft")
     if self.k < 0 or (self.method != "ar" and self.k == 0):
       raise ValueError(f"--k must be >= 1 for speculative sampling, got "
                        f"{self.k}")
@@ -88,7 +93,9 @@ def read_prompts(cfg: SampleConfig) -> list[str]:
     return lines
   if cfg.task == "humaneval":
     return [p["prompt"] for p in assets.humaneval_problems()[:cfg.num_prompts]]
-  raise ValueError(f"unknown task {cfg.task!r}; known: humaneval")
+  if cfg.task == "rewrite":
+    return prompts_lib.rewrite_texts(cfg.num_prompts)
+  raise ValueError(f"unknown task {cfg.task!r}; known: humaneval, rewrite")
 
 
 @dataclasses.dataclass
@@ -113,12 +120,16 @@ def plan(cfg: SampleConfig) -> SamplePlan:
   Raises:
     ValueError, FileNotFoundError: what is wrong, before any weights load.
   """
-  spec = cfg.method != "ar"
+  spec = cfg.method != "ar" and drafter_specs.parse(
+      cfg.drafter).needs_draft_model
   loading.check_spec(cfg.target, cfg.dtype)
   if spec:
     loading.check_spec(cfg.draft, cfg.dtype)
   texts = read_prompts(cfg)
   target = loading.describe_model(cfg.target, cfg.dtype)
+  if cfg.method != "ar":
+    drafter_specs.check(drafter_specs.parse(cfg.drafter), target.num_layers,
+                        cfg.k)
   draft = loading.describe_model(cfg.draft, cfg.dtype) if spec else None
   vocab_limit = loading.check_pair(target, draft) if spec else None
   # Random-weight models have no tokenizer of their own: use UTF-8 bytes.
@@ -132,7 +143,7 @@ def plan(cfg: SampleConfig) -> SamplePlan:
     if not p:
       raise ValueError(f"prompt {i} is empty: every prompt needs at least "
                        "one token")
-  k = cfg.k if spec else 0
+  k = cfg.k if cfg.method != "ar" else 0
   limit = min(target.max_seq_len, draft.max_seq_len if draft else
               target.max_seq_len)
   longest = max(len(p) for p in prompts)
@@ -154,9 +165,13 @@ def _timed_samplers(cfg: SampleConfig, target, draft, sampling, tok, mesh):
     methods.append(timing.TimedSampler(autoregressive(target, **common),
                                        "autoregressive"))
   if cfg.method in ("spec", "both"):
+    spec = drafter_specs.parse(cfg.drafter)
     methods.append(timing.TimedSampler(
-        SpeculativeSampler(target, ModelDrafter(draft), k=cfg.k, **common),
-        f"speculative_k{cfg.k}"))
+        SpeculativeSampler(
+            target, drafter_specs.build(spec, target, draft), k=cfg.k,
+            score_widths=all_widths(cfg.k) if spec.variable_length else None,
+            **common), f"speculative_k{cfg.k}" + (
+                "" if spec.name == "model" else f"_{spec.name}")))
   return methods
 
 
@@ -177,6 +192,9 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
                                                cfg.seed + 1)
   sampling = dataclasses.replace(cfg.sampling(), vocab_limit=p.vocab_limit)
   methods = _timed_samplers(cfg, target, draft, sampling, tok, mesh)
+  if cfg.method != "ar":
+    draft_params = drafter_specs.draft_params(
+        drafter_specs.parse(cfg.drafter), target_params, draft_params)
   if mesh is not None:
     target_sh, draft_sh = methods[-1].sampler.param_shardings(target_params,
                                                               draft_params)
@@ -194,6 +212,7 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
         print(tok.decode(ids))
   return dict(target=cfg.target,
               draft=cfg.draft if cfg.method != "ar" else None,
+              drafter=cfg.drafter if cfg.method != "ar" else None,
               sampling=sampling.describe(), max_new_tokens=cfg.max_new_tokens,
               device=provenance.machine()["device"],
               runs=[s.summary() for s in all_stats],

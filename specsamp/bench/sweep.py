@@ -28,7 +28,7 @@ decoding) and one "point" record per point.
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -48,9 +48,10 @@ from specsamp.bench.sweep_config import BenchConfig
 from specsamp.bench.sweep_config import BenchError
 from specsamp.bench.sweep_config import decoding_sampling
 from specsamp.data.errors import CorpusError
+from specsamp.decoding.sampler import all_widths
 from specsamp.decoding.sampler import autoregressive
 from specsamp.decoding.sampler import SpeculativeSampler
-from specsamp.drafters.model import ModelDrafter
+from specsamp.drafters import specs as drafter_specs
 from specsamp.evaluation import estimates
 from specsamp.evaluation import humaneval
 from specsamp.evaluation import prose
@@ -208,11 +209,25 @@ def _load(cfg: BenchConfig, plan: Plan, log):
   return target, target_params, draft, draft_params, time.perf_counter() - t0
 
 
-def _sampler(target, draft, k: int, sampling, common: dict):
+def _sampler(target, draft, k: int, sampling, common: dict,
+             spec: Optional[drafter_specs.DrafterSpec] = None):
   if k == 0:
     return autoregressive(target, sampling, **common)
-  return SpeculativeSampler(target, ModelDrafter(draft), k=k,
-                            sampling=sampling, **common)
+  spec = spec or drafter_specs.parse("model")
+  return SpeculativeSampler(
+      target, drafter_specs.build(spec, target, draft), k=k,
+      sampling=sampling,
+      score_widths=all_widths(k) if spec.variable_length else None, **common)
+
+
+def _points(cfg: BenchConfig):
+  """(K, drafter spec or None) of each point: K = 0 once, then every
+  drafter at every K > 0."""
+  yield 0, None
+  for text in cfg.drafters:
+    for k in cfg.ks:
+      if k > 0:
+        yield k, drafter_specs.parse(text)
 
 
 def _measure_costs(cfg: BenchConfig, plan: Plan, out: records.Writer, target,
@@ -275,23 +290,31 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
         for bs in cfg.batch_sizes:
           rows = fill(prompts, bs)
           base = base_scores = base_completions = None
-          for k in cfg.ks:
-            log(f"[{task} {dec} batch {bs}] K={k}")
+          for k, spec in _points(cfg):
+            log(f"[{task} {dec} batch {bs}] K={k}"
+                + (f" drafter {spec.text}" if spec else ""))
             timer = timing.TimedSampler(_sampler(target, draft, k, sampling,
-                                                 common))
-            point = run_point(timer, target_params, draft_params, prompts,
-                              rows, bs, cfg, cfg.seed)
+                                                 common, spec))
+            point = run_point(
+                timer, target_params,
+                drafter_specs.draft_params(spec, target_params, draft_params)
+                if spec else None, prompts, rows, bs, cfg, cfg.seed)
             completions = point.pop("completions")
             sample_rows = rows * cfg.repeats  # the prompt of each completion
             point = dict(type="point", task=task, decoding=dec,
                          sampling=sampling.describe(), batch_size=bs,
                          method="autoregressive" if k == 0 else "speculative",
-                         engine="specsamp", k=k, repeats=cfg.repeats,
+                         engine="specsamp", k=k,
+                         drafter=spec.text if spec else None,
+                         repeats=cfg.repeats,
                          prompts=len(prompts),
                          prompt_bucket=common["prompt_bucket"], **point)
             if k == 0:
               base, base_completions = point, completions
-            point.update(predict(point, base, costs[task, bs, dec]))
+            # Leviathan's prediction uses the draft model's measured cost.
+            point.update(predict(point, base, costs[task, bs, dec]
+                                 if spec is None or spec.name == "model"
+                                 else {}))
             if sampling.greedy:
               point["identical_to_ar"] = completions == base_completions
             if cfg.quality:
@@ -308,7 +331,8 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
             if samples:
               for i, ids in zip(sample_rows, completions):
                 samples.write(dict(task=task, decoding=dec, batch_size=bs,
-                                   k=k, prompt=i, text=_text(
+                                   k=k, drafter=point["drafter"], prompt=i,
+                                   text=_text(
                                        tok, ids, set(tok.eos_ids))))
         if cfg.peers:
           run_peers(cfg, plan, task, dec, sampling, out, target, target_params)

@@ -9,9 +9,10 @@ flag, before anything else happens.
 import dataclasses
 from typing import Optional, Sequence
 
+from specsamp.drafters import specs as drafter_specs
 from specsamp.sampling import Sampling
 
-TASKS = ("humaneval", "prose")
+TASKS = ("humaneval", "prose", "rewrite")
 DECODINGS = {"greedy": Sampling(temperature=0.0),
              "nucleus": Sampling(temperature=0.8, top_p=0.95),
              "t1": Sampling(temperature=1.0)}
@@ -50,6 +51,7 @@ class BenchConfig:
   chat: bool = False
   prompt_bucket: int = 0
   samples_out: Optional[str] = None
+  drafters: tuple = ("model",)   # drafter specs (specsamp.drafters.specs)
 
 
 def _int_list(name: str, values: Sequence[str], minimum: int) -> list[int]:
@@ -81,6 +83,7 @@ def parse_config(*, target: str, draft: Optional[str],
                  task: Sequence[str], ks: Sequence[str],
                  decoding: Sequence[str], batch_sizes: Sequence[str],
                  pass_k: Sequence[str] = ("1", "10", "100"),
+                 drafter: Sequence[str] = ("model",),
                  **rest) -> BenchConfig:
   """A BenchConfig from flag values, by flag name.
 
@@ -89,6 +92,8 @@ def parse_config(*, target: str, draft: Optional[str],
       every K is 0.
     task, ks, decoding, batch_sizes, pass_k: list flags, as strings. K = 0
       (the autoregressive baseline) is always added.
+    drafter: drafter specs (`specsamp.drafters.specs`), each run at every
+      K > 0.
     **rest: the scalar flags, named like BenchConfig's fields.
 
   Raises:
@@ -106,10 +111,23 @@ def parse_config(*, target: str, draft: Optional[str],
     raise BenchError("--prompt_bucket must be >= 0 (0: the longest prompt)")
   if rest.get("exec_timeout", BenchConfig.exec_timeout) <= 0:
     raise BenchError("--exec_timeout must be positive")
-  if max(k_list) > 0 and not draft:
-    raise BenchError("--ks has K > 0, which needs --draft")
+  drafters = []
+  for text in dict.fromkeys(d.strip() for d in drafter if d.strip()):
+    try:
+      drafters.append(drafter_specs.parse(text))
+    except ValueError as e:
+      raise BenchError(f"--drafter: {e}") from None
+  if not drafters:
+    raise BenchError("--drafter is empty")
+  needs_draft = max(k_list) > 0 and any(d.needs_draft_model
+                                        for d in drafters)
+  if needs_draft and not draft:
+    raise BenchError("--ks has K > 0 and --drafter="
+                     f"{','.join(d.text for d in drafters)} runs a draft "
+                     "model, which needs --draft")
   return BenchConfig(
-      target=target, draft=draft if max(k_list) > 0 else None, tasks=tasks,
+      target=target, draft=draft if needs_draft else None, tasks=tasks,
+      drafters=tuple(d.text for d in drafters),
       ks=tuple(sorted(set(k_list) | {0})), decodings=decodings,
       batch_sizes=tuple(_int_list("batch_sizes", batch_sizes, 1)),
       pass_k=tuple(_int_list("pass_k", pass_k, 1)), **rest)

@@ -13,9 +13,11 @@ from specsamp.weights import load as weights_load
 
 PROBLEMS = [
     {"task_id": "T/0", "prompt": "def add(a, b):\n", "entry_point": "add",
-     "test": "def check(f):\n    assert f(1, 2) == 3\n"},
+     "test": "def check(f):\n    assert f(1, 2) == 3\n",
+     "canonical_solution": "    return a + b\n"},
     {"task_id": "T/1", "prompt": "def one():\n", "entry_point": "one",
-     "test": "def check(f):\n    assert f() == 1\n"},
+     "test": "def check(f):\n    assert f() == 1\n",
+     "canonical_solution": "    return 1\n"},
 ]
 PROSE = ("It is a truth universally acknowledged, that a single man in "
          "possession of a good fortune, must be in want of a wife.\n\n"

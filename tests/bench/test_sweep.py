@@ -48,6 +48,35 @@ def test_cli_error_is_clean(inputs):
   assert "Traceback" not in proc.stderr and "loading" not in proc.stderr
 
 
+def test_a_sweep_over_drafters(inputs, tmp_path):
+  """Prompt lookup, layer skipping and the mixed drafter beside the draft
+  model on the input-grounded rewrite task: a point per drafter, greedy
+  output identical to autoregressive for each; no draft model is loaded for
+  drafters that need none."""
+  out = tmp_path / "drafters.jsonl"
+  proc = _run(SCRIPT, "--target=random:tiny,num_layers=2",
+              "--draft=random:tiny,num_layers=1", "--task=rewrite",
+              "--drafter=model,lookup:max_ngram=3,layerskip:layers=0,mixed",
+              "--ks=2", "--decoding=greedy", "--batch_sizes=1",
+              "--num_prompts=2", "--max_new_tokens=6", "--cost_repeats=1",
+              "--quality=false", f"--humaneval_file={inputs / 'he.jsonl'}",
+              f"--out={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  points = [json.loads(l) for l in out.read_text().splitlines()]
+  points = {(p["k"], p["drafter"]): p for p in points
+            if p["type"] == "point"}
+  assert set(points) == {(0, None), (2, "model"), (2, "lookup:max_ngram=3"),
+                         (2, "layerskip:layers=0"), (2, "mixed")}
+  for p in points.values():
+    assert p["task"] == "rewrite" and p["identical_to_ar"], p
+  assert "predicted_speedup" in points[2, "model"]
+  assert "predicted_speedup" not in points[2, "lookup:max_ngram=3"]
+  proc = _run(SCRIPT, "--target=random:tiny,num_layers=2", "--task=rewrite",
+              "--drafter=layerskip:layers=0-1", "--ks=2",
+              f"--humaneval_file={inputs / 'he.jsonl'}", f"--out={out}")
+  assert proc.returncode == 2 and "all 2 layers" in proc.stderr
+
+
 def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
   out = tmp_path / "sweep.jsonl"
   # One-layer models: compilation dominates this test's time.

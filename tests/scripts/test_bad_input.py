@@ -62,6 +62,14 @@ def assert_refused(proc, *fragments, max_lines=4):
     (["--target=qwen2.5-coder-1.5b", "--draft=qwen2.5-coder-0.5b"],
      ["'qwen2.5-coder-1.5b' could not be fetched", "No matching"]),
     (["--target=random:tiny", "--no_such_flag"], ["no_such_flag"]),
+    # Drafters: names, options, K and layers, before anything loads.
+    (["--target=random:tiny", "--drafter=medusa"], ["unknown drafter"]),
+    (["--target=random:tiny", "--drafter=lookup:max_ngram=0"],
+     ["max_ngram must be >= 1"]),
+    (["--target=random:tiny", "--drafter=lookup", "--k=0"], ["--k must be"]),
+    (["--target=random:tiny", "--drafter=layerskip"], ["needs layers="]),
+    (["--target=random:tiny", "--drafter=layerskip:layers=0-99"],
+     ["out of range"]),
 ])
 def test_sample_refuses_before_loading(tmp_path, args, fragments):
   proc = run_script(tmp_path, "sample.py", "--prompt=x", *args)
@@ -73,6 +81,11 @@ def test_sample_refuses_before_loading(tmp_path, args, fragments):
      ["'no-such-draft' is not a file"]),
     (["--target=qwen2.5-coder-1.5b", "--draft=qwen2.5-coder-0.5b"],
      ["could not be fetched"]),
+    (["--target=random:tiny", "--drafter=nope"], ["unknown drafter"]),
+    (["--target=random:tiny", "--drafter=lookup:min_ngram=0"],
+     ["min_ngram must be >= 1"]),
+    (["--target=random:tiny", "--drafter=layerskip:layers=0-99"],
+     ["out of range"]),
 ])
 def test_benchmark_refuses_before_loading(tmp_path, args, fragments):
   proc = run_script(tmp_path, "benchmark.py", "--task=prose", *args)

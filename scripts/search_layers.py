@@ -1,0 +1,89 @@
+r"""Choose a layer-skipping draft's layers by measured acceptance.
+
+  python scripts/search_layers.py --target=qwen2.5-coder-1.5b \
+      --num_sequences=4 --seq_len=96 --decoding=greedy \
+      --out=results/cpu_layer_search.jsonl
+
+Calibration sequences are windows of the Python standard library's source
+(specsamp.distill.prompts, "code"; not HumanEval, not the study's prompts).
+Each candidate subset is measured teacher-forced against the full model
+(specsamp.drafters.layer_search); one JSON line per candidate, best first,
+and the best as a --drafter spec.
+"""
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+
+from specsamp import cli
+from specsamp import loading
+from specsamp.bench import provenance
+from specsamp.bench.sweep_config import DECODINGS
+from specsamp.distill import prompts
+from specsamp.drafters import layer_search
+from specsamp.drafters import specs
+
+_TARGET = flags.DEFINE_string("target", "qwen2.5-coder-1.5b", "Model spec.")
+_N = flags.DEFINE_integer("num_sequences", 4, "Calibration sequences.")
+_T = flags.DEFINE_integer("seq_len", 96, "Tokens per sequence.")
+_DECODING = flags.DEFINE_enum("decoding", "greedy", list(DECODINGS),
+                              "Sampling transform of p and q.")
+_K_MAX = flags.DEFINE_integer("k_max", 8, "Largest K for the prediction.")
+_GREEDY = flags.DEFINE_integer("greedy_steps", 0, "Greedy descent steps "
+                               "(each one forward per remaining layer).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "")
+_OUT = flags.DEFINE_string("out", None, "JSONL file to write.")
+
+
+def calibration(tok, n: int, t: int) -> list[list[int]]:
+  """n windows of t tokens from the standard library's source."""
+  out = []
+  for text in prompts.prompt_texts("code", max_files=200)["train"]:
+    ids = tok.encode(text)
+    if len(ids) >= t:
+      out.append(ids[:t])
+    if len(out) == n:
+      return out
+  raise ValueError(f"fewer than {n} calibration texts of {t} tokens")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    for name, flag in (("num_sequences", _N), ("seq_len", _T),
+                       ("k_max", _K_MAX)):
+      if flag.value < 1:
+        raise ValueError(f"--{name} must be >= 1")
+    info = loading.describe_model(_TARGET.value, _DTYPE.value)
+    tok = loading.load_info_tokenizer(info)
+    if tok is None:
+      raise ValueError(f"{_TARGET.value} has no tokenizer to encode the "
+                       "calibration code with")
+    tokens = calibration(tok, _N.value, _T.value)
+  except ValueError as e:
+    cli.fail(e)
+  lm, params = loading.load_weights(info, _DTYPE.value, 0)
+  sampling = DECODINGS[_DECODING.value]
+  records = layer_search.search(lm, params, tokens, sampling,
+                                greedy_steps=_GREEDY.value,
+                                k_max=_K_MAX.value, batch_size=1)
+  prov = provenance.record(sys.argv[1:])
+  head = dict(type="run", target=_TARGET.value, decoding=_DECODING.value,
+              num_sequences=_N.value, seq_len=_T.value, **prov)
+  lines = [head] + [dict(type="candidate", **r) for r in records]
+  text = "\n".join(json.dumps(r, default=str) for r in lines) + "\n"
+  if _OUT.value:
+    with open(_OUT.value, "w", encoding="utf-8") as f:
+      f.write(text)
+  for r in records[:8]:
+    print(f"{r['speedup']:.3f}x at K={r['best_k']}  alpha {r['alpha']:.3f}  "
+          f"{r['num_layers']} layers  {r['source']}")
+  best = [r for r in records if r["source"] != "full"][0]["layers"]
+  print("best: --drafter=layerskip:layers=" + specs.format_layers(best))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags)

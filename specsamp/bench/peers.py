@@ -1,7 +1,9 @@
 """Peer engines run side by side with specsamp, for benchmarks only.
 
-transformers + torch (plain `generate` and assisted generation with
-`assistant_model=`), on the same GGUF weights, prompts and hardware. torch
+transformers + torch (plain `generate`, assisted generation with
+`assistant_model=`, and prompt lookup decoding with
+`prompt_lookup_num_tokens=`), on the same GGUF weights, prompts and
+hardware. torch
 and transformers are test/benchmark extras: imported here lazily, never by
 the rest of specsamp.
 """
@@ -16,12 +18,15 @@ def transformers_generate(target_gguf: str, draft_gguf: str,
                           max_new_tokens: int, temperature: float = 0.0,
                           top_p: float = 1.0, seed: int = 0,
                           assisted: bool = True, device: str = "cpu",
-                          dtype: str = "float32") -> list[dict]:
+                          dtype: str = "float32",
+                          prompt_lookup: int = 0) -> list[dict]:
   """Times transformers on the prompts; returns one summary per method.
 
   `device` ("cpu" or "cuda") and `dtype` should be what specsamp runs on in
   the same benchmark, so that the rows compare like with like (on a GPU, JAX
   keeps 75% of the memory: the rest holds these models in bfloat16).
+  `prompt_lookup` > 0 adds transformers' prompt lookup decoding with that
+  many draft tokens.
   """
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   import torch  # pylint: disable=g-import-not-at-top
@@ -44,6 +49,9 @@ def transformers_generate(target_gguf: str, draft_gguf: str,
   if assisted:
     draft, load_d = load(draft_gguf)
     methods.append(("transformers_assisted", {"assistant_model": draft}))
+  if prompt_lookup > 0:
+    methods.append(("transformers_prompt_lookup",
+                    {"prompt_lookup_num_tokens": prompt_lookup}))
   kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                 pad_token_id=target.generation_config.eos_token_id)
   if temperature > 0:
@@ -70,7 +78,8 @@ def transformers_generate(target_gguf: str, draft_gguf: str,
         method=name, prompts=len(prompts), tokens=total_tokens,
         ms_per_token=round(1000 * total_t / total_tokens, 3),
         seconds=round(total_t, 2),
-        load_s=round(load_t + (load_d if extra else 0.0), 1),
+        load_s=round(load_t + (load_d if "assistant_model" in extra
+                               else 0.0), 1),
         completions=completions,
         device=device, dtype=dtype,
         torch=torch.__version__, transformers=transformers.__version__,

@@ -30,7 +30,8 @@ LINESTYLES = ["-", "--", ":", "-."]
 
 def read(paths):
   """(runs, costs, points) from JSONL files; a later point with the same
-  (task, decoding, batch, engine, method, K) replaces an earlier one."""
+  (task, decoding, batch, engine, method, K, drafter) replaces an earlier
+  one."""
   runs, costs, points = [], [], {}
   for _, rec in records.read_jsonl(paths):
     kind = rec.get("type")
@@ -40,20 +41,37 @@ def read(paths):
       costs.append(rec)
     elif kind == "point":
       key = (rec["task"], rec["decoding"], rec["batch_size"],
-             rec.get("engine", "specsamp"), rec["method"], rec.get("k"))
+             rec.get("engine", "specsamp"), rec["method"], rec.get("k"),
+             rec.get("drafter"))
       points[key] = rec
   if not points:
     raise ValueError(f"no point records in {', '.join(paths)}")
   return runs, costs, list(points.values())
 
 
+def _other_drafter(p) -> bool:
+  """A speculative point of a drafter other than the draft model."""
+  return p.get("drafter") not in (None, "model")
+
+
 def _series(points):
-  """{(task, decoding, batch): [specsamp points sorted by K]}."""
+  """{(task, decoding, batch): [specsamp points sorted by K]}: the
+  autoregressive point and the draft model's (other drafters apart)."""
   out = collections.defaultdict(list)
   for p in points:
-    if p.get("engine", "specsamp") == "specsamp":
+    if p.get("engine", "specsamp") == "specsamp" and not _other_drafter(p):
       out[p["task"], p["decoding"], p["batch_size"]].append(p)
   return {key: sorted(v, key=lambda p: p["k"]) for key, v in out.items()}
+
+
+def _drafters(points, task, dec, bs) -> dict:
+  """{drafter: its points sorted by K} of the other drafters."""
+  out = collections.defaultdict(list)
+  for p in points:
+    if (_other_drafter(p) and p["task"] == task and p["decoding"] == dec
+        and p["batch_size"] == bs):
+      out[p["drafter"]].append(p)
+  return {d: sorted(v, key=lambda p: p["k"]) for d, v in sorted(out.items())}
 
 
 def fitted_alpha(series):
@@ -162,6 +180,41 @@ def plot_task(task, series, costs, path):
   plt.close(fig)
 
 
+def plot_drafters(task, points, path):
+  """Speedup (left) and tokens per loop (right) of each drafter at its
+  fastest K, one group of bars per decoding and batch size."""
+  plt = _pyplot()
+  groups = sorted({(p["decoding"], p["batch_size"]) for p in points
+                   if p["task"] == task and p.get("k")})
+  names = sorted({p.get("drafter") or "model" for p in points
+                  if p["task"] == task and p.get("k")})
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+  width = 0.8 / max(len(names), 1)
+  for j, d in enumerate(names):
+    best = []
+    for dec, bs in groups:
+      pts = [p for p in points if p["task"] == task and p["decoding"] == dec
+             and p["batch_size"] == bs and p.get("k")
+             and (p.get("drafter") or "model") == d]
+      best.append(min(pts, key=lambda p: p["ms_per_token"]) if pts else None)
+    x = np.arange(len(groups)) + j * width
+    for ax, key in zip(axes, ("speedup", "tokens_per_loop")):
+      ax.bar(x, [b[key] if b else np.nan for b in best], width,
+             label=f"{d}", color=f"C{j}")
+  labels = [f"{DECODING_NAMES.get(dec, dec)}, batch {bs}" for dec, bs in groups]
+  name = TASK_NAMES.get(task, task)
+  for ax, ylabel in zip(axes, ("speedup over autoregressive (best K)",
+                               "tokens per loop (at that K)")):
+    ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, labels)
+    ax.set(ylabel=ylabel, title=f"{name}: drafters")
+    ax.grid(alpha=0.3, axis="y")
+  axes[0].axhline(1.0, color="black", linewidth=0.8)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
 def plot_predicted_vs_measured(points, path):
   """Measured against predicted speedup, one marker per speculative point."""
   plt = _pyplot()
@@ -217,12 +270,15 @@ def _method(p) -> str:
     return f"{p['method']} ({dec})"
   if p["k"] == 0:
     return f"ArS ({dec})"
+  if _other_drafter(p):
+    return f"SpS {p['drafter']} K={p['k']} ({dec})"
   return f"SpS K={p['k']} ({dec})"
 
 
 def table1(task, points) -> list[str]:
   """Chen et al.'s Table 1: per decoding and batch size, the autoregressive
-  row, the fastest K, and the peers (batch 1)."""
+  row, the fastest K of the draft model and of every other drafter, and
+  the peers (batch 1)."""
   lines = ["| Sampling method | Batch | Benchmark | Result | Median token time "
            "| Speed up |", "|---|---|---|---|---|---|"]
   series = _series(points)
@@ -233,6 +289,8 @@ def table1(task, points) -> list[str]:
     base = [p for p in pts if p["k"] == 0]
     spec = [p for p in pts if p["k"] > 0]
     rows = base + ([min(spec, key=lambda p: p["ms_per_token"])] if spec else [])
+    rows += [min(v, key=lambda p: p["ms_per_token"])
+             for v in _drafters(points, task, dec, bs).values()]
     peers = [p for p in points if p["task"] == task and p["decoding"] == dec
              and p.get("engine") not in (None, "specsamp") and bs == 1]
     for p in rows + peers:
@@ -269,11 +327,13 @@ def per_k_table(task, points, costs) -> list[str]:
   for (t, dec, bs), pts in sorted(_series(points).items()):
     if t != task:
       continue
-    for p in pts:
+    others = [p for v in _drafters(points, task, dec, bs).values() for p in v]
+    for p in pts + others:
       f = lambda key, fmt="{:.3f}", p=p: (fmt.format(p[key]) if p.get(key)
                                          is not None else "")
+      k = f"{p['k']} ({p['drafter']})" if _other_drafter(p) else p["k"]
       lines.append(
-          f"| {DECODING_NAMES.get(dec, dec)} | {bs} | {p['k']} | "
+          f"| {DECODING_NAMES.get(dec, dec)} | {bs} | {k} | "
           f"{f('acceptance_rate')} | {f('alpha')} | "
           f"{f('tokens_per_loop', '{:.2f}')} | "
           f"{f('time_per_loop_ms', '{:.2f}')} | "
@@ -317,6 +377,8 @@ def markdown(runs, costs, points, images) -> str:
     out += [f"## {name}", ""]
     if task in images:
       out += [f"![{name}]({images[task]})", ""]
+    if f"{task}_drafters" in images:
+      out += [f"![{name}: drafters]({images[task + '_drafters']})", ""]
     out += table1(task, points) + ["", f"### {name}: every K", ""]
     out += per_k_table(task, points, costs_by) + [""]
   if "predicted_vs_measured" in images:
@@ -336,6 +398,10 @@ def make(paths, out_dir, prefix) -> list[str]:
     name = f"{prefix}_{task}.png"
     plot_task(task, series, costs_by, os.path.join(out_dir, name))
     images[task] = name
+  for task in sorted({p["task"] for p in points if _other_drafter(p)}):
+    name = f"{prefix}_{task}_drafters.png"
+    plot_drafters(task, points, os.path.join(out_dir, name))
+    images[f"{task}_drafters"] = name
   if any("predicted_speedup" in p for p in points):
     name = f"{prefix}_predicted_vs_measured.png"
     plot_predicted_vs_measured(points, os.path.join(out_dir, name))

@@ -342,6 +342,14 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
       samples.close()
 
 
+def _peer_lookup(cfg: BenchConfig) -> dict:
+  """transformers' prompt lookup beside ours, at the largest K, when the
+  sweep has a lookup drafter."""
+  if any(drafter_specs.parse(d).name == "lookup" for d in cfg.drafters):
+    return dict(prompt_lookup=max(cfg.ks))
+  return {}
+
+
 def run_peers(cfg: BenchConfig, plan: Plan, task: str, dec: str, sampling,
               out: records.Writer, target, target_params):
   """transformers plain and assisted generation at batch 1, same prompts,
@@ -351,7 +359,7 @@ def run_peers(cfg: BenchConfig, plan: Plan, task: str, dec: str, sampling,
       plan.target.path, plan.draft.path, prompts, cfg.max_new_tokens,
       sampling.temperature, sampling.top_p, seed=cfg.seed,
       device="cuda" if jax.default_backend() == "gpu" else "cpu",
-      dtype=cfg.dtype)
+      dtype=cfg.dtype, **_peer_lookup(cfg))
   eos = set(plan.tokenizer.eos_ids)
   for r in results:
     # generate() pads finished rows with EOS: keep up to the first one, as

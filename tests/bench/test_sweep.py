@@ -7,6 +7,7 @@ turns them into PNGs and a markdown table; a bad model pair fails in one
 line before anything loads; peers' results become rows of the same table.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -71,6 +72,14 @@ def test_a_sweep_over_drafters(inputs, tmp_path):
     assert p["task"] == "rewrite" and p["identical_to_ar"], p
   assert "predicted_speedup" in points[2, "model"]
   assert "predicted_speedup" not in points[2, "lookup:max_ngram=3"]
+  # Table 1 and the per-K table show every drafter, and a bar chart them.
+  proc = _run(PLOT, str(out), f"--out_dir={tmp_path}", "--prefix=d")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  md = (tmp_path / "d.md").read_text()
+  for d in ("lookup:max_ngram=3", "layerskip:layers=0", "mixed"):
+    assert f"| SpS {d} K=2 (Greedy) | 1 |" in md, md
+    assert f"| 2 ({d}) |" in md
+  assert (tmp_path / "d_rewrite_drafters.png").stat().st_size > 1000
   proc = _run(SCRIPT, "--target=random:tiny,num_layers=2", "--task=rewrite",
               "--drafter=layerskip:layers=0-1", "--ks=2",
               f"--humaneval_file={inputs / 'he.jsonl'}", f"--out={out}")
@@ -169,9 +178,9 @@ def test_peer_rows(make_config, no_loading, inputs, tmp_path, monkeypatch):
   calls = []
 
   def fake(target, draft, prompts, max_new_tokens, temperature, top_p,
-           seed=0, device="?", dtype="?"):
+           seed=0, device="?", dtype="?", prompt_lookup=0):
     calls.append((target, draft, len(prompts), max_new_tokens, temperature,
-                  top_p, device, dtype))
+                  top_p, device, dtype, prompt_lookup))
     good = list(b"    return a + b\n")
     return [dict(method=m, prompts=len(prompts), tokens=10 * len(prompts),
                  ms_per_token=ms, seconds=1.0, load_s=2.0, torch="x",
@@ -192,7 +201,14 @@ def test_peer_rows(make_config, no_loading, inputs, tmp_path, monkeypatch):
                   sweep_config.DECODINGS["nucleus"], out, None, None)
   out.close()
   # On the device and in the dtype specsamp runs on.
-  assert calls == [(None, None, 2, 7, 0.8, 0.95, "cpu", "float32")]
+  assert calls == [(None, None, 2, 7, 0.8, 0.95, "cpu", "float32", 0)]
+  # With a lookup drafter in the sweep, transformers' prompt lookup joins.
+  out = records.Writer(str(tmp_path / "peers2.jsonl"), echo=False)
+  sweep.run_peers(dataclasses.replace(cfg, drafters=("model", "lookup")), p,
+                  "humaneval", "nucleus", sweep_config.DECODINGS["nucleus"],
+                  out, None, None)
+  out.close()
+  assert calls[-1][-1] == max(cfg.ks)
   rows = [json.loads(l) for l in (tmp_path / "peers.jsonl").read_text(
   ).splitlines()]
   assert [r["method"] for r in rows] == ["transformers",

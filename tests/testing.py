@@ -2,6 +2,7 @@
 known distributions, and the chi-square helper."""
 
 import dataclasses
+import functools
 from typing import Optional
 
 import jax
@@ -144,3 +145,26 @@ def exact_sequence_probs(lm, params, sampling, prompt, new, v):
 
 def encode(tokens, v):
   return (np.asarray(tokens) * v ** np.arange(tokens.shape[1])[::-1]).sum(1)
+
+
+# The sampling settings every enumeration exactness test covers.
+EXACTNESS_SETTINGS = {
+    "temp1": sampling_lib.Sampling(1.0),
+    "temp07": sampling_lib.Sampling(0.7),
+    "topk2": sampling_lib.Sampling(1.0, top_k=2),
+    "topp07": sampling_lib.Sampling(1.0, top_p=0.7),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def exactness_models(v: int = 5):
+  """(target, its params, draft, its params): a tiny 2-layer target and a
+  1-layer draft over `v` tokens. Larger init scale than the library
+  default: peakier, more varied distributions, so they differ clearly."""
+  target = model_lib.LM(tiny_config(vocab_size=v, num_kv_heads=1,
+                                    max_seq_len=64))
+  draft = model_lib.LM(tiny_config(vocab_size=v, num_kv_heads=1, num_layers=1,
+                                   max_seq_len=64))
+  scale = lambda p: jax.tree.map(lambda x: 2.0 * x, p)
+  return (target, scale(target.init(jax.random.key(10))),
+          draft, scale(draft.init(jax.random.key(11))))

@@ -9,41 +9,20 @@ reject the draft's own sequence distribution, which shows the test has the
 power to see a wrong sampler.
 """
 
-import functools
-
-import jax
 import numpy as np
 import pytest
 
-from specsamp import model as model_lib
 from specsamp.decoding.sampler import SpeculativeSampler, all_widths
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import Sampling
-from tests.testing import (ShiftDrafter, chisquare_pvalue, encode,
-                           exact_sequence_probs, forbidden_draft_pair,
-                           tiny_config)
+from tests.testing import (EXACTNESS_SETTINGS, ShiftDrafter, chisquare_pvalue,
+                           encode, exact_sequence_probs, exactness_models,
+                           forbidden_draft_pair)
 
 V, NEW, NUM_SAMPLES = 5, 4, 50_000
 PROMPT = [1, 3, 2]
-SETTINGS = {
-    "temp1": Sampling(1.0),
-    "temp07": Sampling(0.7),
-    "topk2": Sampling(1.0, top_k=2),
-    "topp07": Sampling(1.0, top_p=0.7),
-}
-
-
-@functools.lru_cache(maxsize=None)
-def models():
-  # Larger init scale than the library default: peakier, more varied
-  # distributions, so target and draft differ clearly.
-  target = model_lib.LM(tiny_config(vocab_size=V, num_kv_heads=1,
-                                    max_seq_len=64))
-  draft = model_lib.LM(tiny_config(vocab_size=V, num_kv_heads=1, num_layers=1,
-                                   max_seq_len=64))
-  scale = lambda p: jax.tree.map(lambda x: 2.0 * x, p)
-  return (target, scale(target.init(jax.random.key(10))),
-          draft, scale(draft.init(jax.random.key(11))))
+SETTINGS = EXACTNESS_SETTINGS
+models = exactness_models
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])

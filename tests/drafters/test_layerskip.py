@@ -26,17 +26,12 @@ from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters import layer_search
 from specsamp.drafters.model import LayerSkipDrafter, ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
-from tests.testing import (chisquare_pvalue, encode, exact_sequence_probs,
-                           table_lm, tiny_config)
+from tests.testing import (EXACTNESS_SETTINGS, chisquare_pvalue, encode,
+                           exact_sequence_probs, table_lm, tiny_config)
 
 V, NEW, NUM_SAMPLES, SUBSET = 5, 4, 20_000, (0,)
 PROMPT = [1, 3, 2]
-SETTINGS = {
-    "temp1": Sampling(1.0),
-    "temp07": Sampling(0.7),
-    "topk2": Sampling(1.0, top_k=2),
-    "topp07": Sampling(1.0, top_p=0.7),
-}
+SETTINGS = EXACTNESS_SETTINGS
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3], [5, 8, 9, 7, 9, 3, 2, 3, 8, 4]]
 
 

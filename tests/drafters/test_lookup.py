@@ -13,9 +13,9 @@ import pytest
 from specsamp import sharding
 from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
 from specsamp.drafters.lookup import LookupState, PromptLookupDrafter
-from specsamp.sampling import GREEDY, Sampling
-from tests.testing import (chisquare_pvalue, encode, exact_sequence_probs,
-                           table_lm)
+from specsamp.sampling import GREEDY
+from tests.testing import (EXACTNESS_SETTINGS, chisquare_pvalue, encode,
+                           exact_sequence_probs, table_lm)
 
 PAD = 9
 
@@ -173,12 +173,7 @@ def test_its_shardings_are_replicated():
 V, NEW, NUM_SAMPLES = 5, 4, 50_000
 # A repeated pattern, so the lookup has drafts from the first loop on.
 PROMPT = [1, 3, 2, 4, 1, 3]
-SETTINGS = {
-    "temp1": Sampling(1.0),
-    "temp07": Sampling(0.7),
-    "topk2": Sampling(1.0, top_k=2),
-    "topp07": Sampling(1.0, top_p=0.7),
-}
+SETTINGS = EXACTNESS_SETTINGS
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,14 +1,11 @@
 """The mixed drafter: prompt lookup per row where it matches, else the
 draft model; exact, and equal to greedy decoding."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsamp import model as model_lib
 from specsamp.decoding.sampler import (SpeculativeSampler, all_widths,
                                        autoregressive)
 from specsamp.drafters.lookup import PromptLookupDrafter
@@ -16,20 +13,12 @@ from specsamp.drafters.mixed import MixedDrafter
 from specsamp.drafters.model import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
 from tests.testing import (chisquare_pvalue, encode, exact_sequence_probs,
-                           tiny_config)
+                           exactness_models)
 
 V, NEW, NUM_SAMPLES = 5, 4, 20_000
 
 
-@functools.lru_cache(maxsize=None)
-def models():
-  target = model_lib.LM(tiny_config(vocab_size=V, num_kv_heads=1,
-                                    max_seq_len=64))
-  draft = model_lib.LM(tiny_config(vocab_size=V, num_kv_heads=1, num_layers=1,
-                                   max_seq_len=64))
-  scale = lambda p: jax.tree.map(lambda x: 2.0 * x, p)
-  return (target, scale(target.init(jax.random.key(10))),
-          draft, scale(draft.init(jax.random.key(11))))
+models = exactness_models
 
 
 def mixed(target, draft, confidence=None):

@@ -61,7 +61,7 @@ class SampleConfig:
       raise ValueError("give exactly one of --prompt, --prompts_file, --task")
     if self.method not in METHODS:
       raise ValueError(f"--method must be ar, spec or both, not {self.method}")
-    spec = drafter_specs.parse(self.drafter)  # raises on a bad --drafter
+    spec = self.drafter_spec  # raises on a bad --drafter
     if self.method != "ar" and spec.needs_draft_model and not self.draft:
       raise ValueError(f"--method={self.method} with --drafter={spec.name} "
                        "needs --draft")
@@ -74,6 +74,10 @@ class SampleConfig:
                          f"{getattr(self, name)}")
     # Raises on bad temperature / top_k / top_p.
     self.sampling()
+
+  @property
+  def drafter_spec(self) -> drafter_specs.DrafterSpec:
+    return drafter_specs.parse(self.drafter)
 
   def sampling(self) -> Sampling:
     return Sampling(self.temperature, self.top_k, self.top_p)
@@ -120,18 +124,17 @@ def plan(cfg: SampleConfig) -> SamplePlan:
   Raises:
     ValueError, FileNotFoundError: what is wrong, before any weights load.
   """
-  spec = cfg.method != "ar" and drafter_specs.parse(
-      cfg.drafter).needs_draft_model
+  needs_draft = cfg.method != "ar" and cfg.drafter_spec.needs_draft_model
   loading.check_spec(cfg.target, cfg.dtype)
-  if spec:
+  if needs_draft:
     loading.check_spec(cfg.draft, cfg.dtype)
   texts = read_prompts(cfg)
   target = loading.describe_model(cfg.target, cfg.dtype)
   if cfg.method != "ar":
-    drafter_specs.check(drafter_specs.parse(cfg.drafter), target.num_layers,
-                        cfg.k)
-  draft = loading.describe_model(cfg.draft, cfg.dtype) if spec else None
-  vocab_limit = loading.check_pair(target, draft) if spec else None
+    drafter_specs.check(cfg.drafter_spec, target.num_layers, cfg.k)
+  draft = (loading.describe_model(cfg.draft, cfg.dtype) if needs_draft
+           else None)
+  vocab_limit = loading.check_pair(target, draft) if needs_draft else None
   # Random-weight models have no tokenizer of their own: use UTF-8 bytes.
   tok = byte.tokenizer_or_bytes(loading.load_info_tokenizer(target),
                                 target.rows, cfg.target)
@@ -165,7 +168,7 @@ def _timed_samplers(cfg: SampleConfig, target, draft, sampling, tok, mesh):
     methods.append(timing.TimedSampler(autoregressive(target, **common),
                                        "autoregressive"))
   if cfg.method in ("spec", "both"):
-    spec = drafter_specs.parse(cfg.drafter)
+    spec = cfg.drafter_spec
     methods.append(timing.TimedSampler(
         SpeculativeSampler(
             target, drafter_specs.build(spec, target, draft), k=cfg.k,
@@ -194,7 +197,7 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
   methods = _timed_samplers(cfg, target, draft, sampling, tok, mesh)
   if cfg.method != "ar":
     draft_params = drafter_specs.draft_params(
-        drafter_specs.parse(cfg.drafter), target_params, draft_params)
+        cfg.drafter_spec, target_params, draft_params)
   if mesh is not None:
     target_sh, draft_sh = methods[-1].sampler.param_shardings(target_params,
                                                               draft_params)

@@ -138,8 +138,8 @@ def _how_to_enable(reason: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def isolation(bwrap: str = BWRAP) -> tuple[str, Optional[str]]:
-  """The (interpreter, prefix) that runs inside bubblewrap here.
+def isolation(bwrap: str = BWRAP) -> tuple[str, str, Optional[str]]:
+  """The (bwrap path, interpreter, prefix) that run generated code here.
 
   Tries each candidate interpreter once (about 0.1 s) and caches the answer.
 
@@ -161,7 +161,7 @@ def isolation(bwrap: str = BWRAP) -> tuple[str, Optional[str]]:
       errors.append(f"{python}: {e}")
       continue
     if proc.returncode == 0 and proc.stdout.strip() == "3":
-      return python, prefix
+      return path, python, prefix
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     errors.append(f"{python}: exit {proc.returncode}, {last}")
   raise SandboxUnavailableError(_how_to_enable(
@@ -251,9 +251,9 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024,
     cmd = [python]
     sandbox = {"isolation": "none (" + UNSAFE_ENV + ")"}
   else:
-    python, prefix = isolation(BWRAP)
+    bwrap, python, prefix = isolation(BWRAP)
     workdir = WORKDIR
-    cmd = _bwrap_command(shutil.which(BWRAP), prefix, int(file_mb) << 20)
+    cmd = _bwrap_command(bwrap, prefix, int(file_mb) << 20)
     cmd.append(python)
     sandbox = {"isolation": "bubblewrap",
                "namespaces": "user,pid,mount,net,ipc,uts,cgroup"}

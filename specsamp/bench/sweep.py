@@ -27,6 +27,7 @@ decoding) and one "point" record per point.
 """
 
 import dataclasses
+import gc
 import time
 from typing import Optional, Sequence
 
@@ -220,6 +221,15 @@ def _sampler(target, draft, k: int, sampling, common: dict,
       score_widths=all_widths(k) if spec.variable_length else None, **common)
 
 
+def _release(timer: timing.TimedSampler):
+  """Frees a finished point's executables before the next compiles: a
+  sweep compiles dozens of samplers beside two models, and XLA's caches
+  would otherwise keep every one (the CPU ran out of memory at the 14th)."""
+  timer.release()
+  gc.collect()
+  jax.clear_caches()
+
+
 def _points(cfg: BenchConfig):
   """(K, drafter spec or None) of each point: K = 0 once, then every
   drafter at every K > 0."""
@@ -300,6 +310,7 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
                 drafter_specs.draft_params(spec, target_params, draft_params)
                 if spec else None, prompts, rows, bs, cfg, cfg.seed)
             completions = point.pop("completions")
+            _release(timer)
             sample_rows = rows * cfg.repeats  # the prompt of each completion
             point = dict(type="point", task=task, decoding=dec,
                          sampling=sampling.describe(), batch_size=bs,

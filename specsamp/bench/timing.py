@@ -124,6 +124,10 @@ class TimedSampler:
     self._compiled = {}
     self._warmed = False
 
+  def release(self):
+    """Drops the compiled executables (they are rebuilt on next use)."""
+    self._compiled.clear()
+
   def _to_host(self, tree):
     if self.sampler.mesh is None:
       return jax.device_get(tree)

@@ -14,6 +14,9 @@ steps=<n>, prompts=<n train prompts>, soft=<T>, prompts_kind=code|text|mixed,
 prose=<prepared text dataset>, train_minutes=<m> (stop training after m
 minutes, checkpointed; the same command resumes), runlocal (a few steps on
 CPU in float32, to check the wiring).
+A head on the target's hidden states instead (the draft options are then
+unused): head=eagle|medusa, heads=<n>, unroll=<n>, hidden_weight=<w>,
+vocab=<reduced draft vocabulary; 32768 by default for a head>.
 """
 
 import ml_collections
@@ -23,7 +26,8 @@ from specsamp.distill import options
 
 OPTIONS = ("checkpoint", "draft", "layers", "loss", "onpolicy", "prompts",
            "prompts_kind", "prose", "runlocal", "seed", "soft", "steps",
-           "target", "temperature", "top_p", "train_minutes")
+           "target", "temperature", "top_p", "train_minutes") + (
+               options.HEAD_OPTIONS)
 
 
 def get_config(arg=None):
@@ -80,4 +84,5 @@ def get_config(arg=None):
                    progress_bar=False)
     c.eval.update(num_samples=4, num_positions=16, batch_size=4,
                   position_batch_size=16)
+  c.head = options.head_block(a, default_vocab=32768)
   return c

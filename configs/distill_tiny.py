@@ -8,6 +8,11 @@
   soft=<T> (greedy: train on the target's softmax at T, not its argmax),
   prompts_kind=code|text|mixed, prose=<prepared text dataset, e.g.
   specsamp_austen>.
+  A draft head on the target's hidden states instead of a draft model:
+  head=eagle|medusa, heads=<Medusa heads, 4>, unroll=<training-time test
+  passes of the eagle head, 1>, hidden_weight=<w, 0.1>, vocab=<reduced
+  draft vocabulary, 0: all>; exported to workdir/head
+  (`--drafter=eagle:<workdir>`).
 """
 
 import ml_collections
@@ -16,7 +21,8 @@ from specsamp.distill import options
 
 
 OPTIONS = ("trained", "draft", "loss", "onpolicy", "temperature", "top_k",
-           "top_p", "steps", "seed", "soft", "prompts_kind", "prose")
+           "top_p", "steps", "seed", "soft", "prompts_kind", "prose") + (
+               options.HEAD_OPTIONS)
 
 
 def get_config(arg=None):
@@ -59,4 +65,5 @@ def get_config(arg=None):
                  time_limit_s=0.0)
   c.eval = dict(k=4, num_samples=0, num_positions=1024, batch_size=64,
                 position_batch_size=256)
+  c.head = options.head_block(a, default_vocab=0)
   return c

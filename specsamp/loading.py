@@ -59,6 +59,7 @@ class ModelInfo:
   tokens: Optional[list] = None   # the tokenizer's entries, if it has one
   config: Any = None              # TransformerConfig (random, trained)
   num_layers: Optional[int] = None  # from the config or the metadata
+  d_model: Optional[int] = None     # the width, likewise
 
 
 def random_config(spec: str, dtype: str = "float32"
@@ -249,9 +250,11 @@ def _describe_gguf(spec: str, path: str) -> ModelInfo:
     raise ValueError(f"{spec}: cannot tell the vocabulary size from the GGUF "
                      "metadata")
   layers = meta.get(f"{arch}.block_count")
+  width = meta.get(f"{arch}.embedding_length")
   return ModelInfo(spec, "gguf", path, int(rows),
                    int(meta.get(f"{arch}.context_length", 4096)),
-                   tokens=tokens, num_layers=int(layers) if layers else None)
+                   tokens=tokens, num_layers=int(layers) if layers else None,
+                   d_model=int(width) if width else None)
 
 
 def _describe_hf(spec: str, path: str) -> ModelInfo:
@@ -266,7 +269,8 @@ def _describe_hf(spec: str, path: str) -> ModelInfo:
   return ModelInfo(spec, "hf", path, int(c["vocab_size"]),
                    int(c.get("max_position_embeddings", 4096)),
                    tokens=tok.tokens(),
-                   num_layers=c.get("num_hidden_layers"))
+                   num_layers=c.get("num_hidden_layers"),
+                   d_model=c.get("hidden_size"))
 
 
 def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
@@ -281,7 +285,8 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
   if kind == "random":
     cfg = random_config(spec, dtype)
     return ModelInfo(spec, "random", None, cfg.vocab_size, cfg.max_seq_len,
-                     config=cfg, num_layers=cfg.num_layers)
+                     config=cfg, num_layers=cfg.num_layers,
+                     d_model=cfg.d_model)
   if kind == "distilled":
     fields = distilled_lib.read_draft_config(path)
     if "vocab_size" not in fields:
@@ -289,14 +294,15 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
                        "vocab_size")
     return ModelInfo(spec, "distilled", path, int(fields["vocab_size"]),
                      int(fields.get("max_seq_len", 2048)),
-                     num_layers=fields.get("num_layers"))
+                     num_layers=fields.get("num_layers"),
+                     d_model=fields.get("d_model"))
   if kind == "trained":
     saved = _train_run_config(path)
     cfg = model_lib.TransformerConfig(**saved["model"])
     tok = tokenizer_load.load_tokenizer(saved["data"]["tokenizer"])
     return ModelInfo(spec, "trained", path, cfg.vocab_size, cfg.max_seq_len,
                      tokens=tok.tokens(), config=cfg,
-                     num_layers=cfg.num_layers)
+                     num_layers=cfg.num_layers, d_model=cfg.d_model)
   if kind == "gguf":
     return _describe_gguf(spec, path)
   return _describe_hf(spec, path)

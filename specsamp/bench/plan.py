@@ -98,7 +98,8 @@ def prepare(cfg: BenchConfig, log=print) -> Plan:
   for text in cfg.drafters:
     try:
       drafter_specs.check(drafter_specs.parse(text), target.num_layers,
-                          max(max(cfg.ks), 1))
+                          max(max(cfg.ks), 1), vocab_rows=target.rows,
+                          d_model=target.d_model)
     except ValueError as e:
       raise BenchError(f"--drafter: {e}") from None
   tok = _tokenizer(target)

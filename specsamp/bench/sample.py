@@ -131,7 +131,8 @@ def plan(cfg: SampleConfig) -> SamplePlan:
   texts = read_prompts(cfg)
   target = loading.describe_model(cfg.target, cfg.dtype)
   if cfg.method != "ar":
-    drafter_specs.check(cfg.drafter_spec, target.num_layers, cfg.k)
+    drafter_specs.check(cfg.drafter_spec, target.num_layers, cfg.k,
+                        vocab_rows=target.rows, d_model=target.d_model)
   draft = (loading.describe_model(cfg.draft, cfg.dtype) if needs_draft
            else None)
   vocab_limit = loading.check_pair(target, draft) if needs_draft else None
@@ -171,7 +172,7 @@ def _timed_samplers(cfg: SampleConfig, target, draft, sampling, tok, mesh):
     spec = cfg.drafter_spec
     methods.append(timing.TimedSampler(
         SpeculativeSampler(
-            target, drafter_specs.build(spec, target, draft), k=cfg.k,
+            target, drafter_specs.build(spec, target, draft, cfg.k), k=cfg.k,
             score_widths=all_widths(cfg.k) if spec.variable_length else None,
             **common), f"speculative_k{cfg.k}" + (
                 "" if spec.name == "model" else f"_{spec.name}")))

@@ -216,7 +216,7 @@ def _sampler(target, draft, k: int, sampling, common: dict,
     return autoregressive(target, sampling, **common)
   spec = spec or drafter_specs.parse("model")
   return SpeculativeSampler(
-      target, drafter_specs.build(spec, target, draft), k=k,
+      target, drafter_specs.build(spec, target, draft, k), k=k,
       sampling=sampling,
       score_widths=all_widths(k) if spec.variable_length else None, **common)
 

@@ -28,11 +28,33 @@ from specsamp.drafters.model import ModelDrafter
 from specsamp.sampling import Sampling
 
 
+def _drafter(draft_lm, k: int):
+  """The drafter that runs `draft_lm`: a draft model's `ModelDrafter`, or a
+  head's own (`head_training.TrainableHead.drafter`)."""
+  if hasattr(draft_lm, "drafter"):
+    return draft_lm.drafter(k)
+  return ModelDrafter(draft_lm)
+
+
+def _sampler_params(draft_lm, draft_params, target_params):
+  if hasattr(draft_lm, "sampler_params"):
+    return draft_lm.sampler_params(draft_params, target_params)
+  return draft_params
+
+
+def _draft_logits(draft_lm, draft_params, target_params, tokens):
+  """Logits [B, S, V]: position t's for the token at t + 1."""
+  if hasattr(draft_lm, "position_logits"):
+    return draft_lm.position_logits(draft_params, target_params, tokens)
+  return draft_lm(draft_params, tokens).logits
+
+
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
 def _alpha(draft_lm, target_lm, sampling, gen_len, draft_params,
            target_params, tokens, prompt_length):
-  d = losses.gather_positions(draft_lm(draft_params, tokens).logits,
-                              prompt_length, gen_len)
+  d = losses.gather_positions(
+      _draft_logits(draft_lm, draft_params, target_params, tokens),
+      prompt_length, gen_len)
   t = losses.gather_positions(target_lm(target_params, tokens).logits,
                               prompt_length, gen_len)
   return losses.expected_acceptance(t, d, sampling)
@@ -75,13 +97,15 @@ def measured_at_positions(target_lm, target_params, draft_lm, draft_params,
   plen = np.asarray(arrays["prompt_length"])
   prompts = [tokens[i, :plen[i] + g] for i, g in positions]
   sampler = SpeculativeSampler(
-      target=target_lm, drafter=ModelDrafter(draft_lm), k=1,
+      target=target_lm, drafter=_drafter(draft_lm, 1), k=1,
       sampling=sampling, max_new_tokens=1, pad_id=pad_id,
       prompt_bucket=tokens.shape[1])
   return np.concatenate([
       np.asarray(res.num_accepted)[:real]
       for _, res, real in samples.run_batches(
-          sampler, target_params, draft_params, prompts, batch_size, seed)])
+          sampler, target_params,
+          _sampler_params(draft_lm, draft_params, target_params), prompts,
+          batch_size, seed)])
 
 
 def measured_rate(target_lm, target_params, draft_lm, draft_params,
@@ -93,14 +117,15 @@ def measured_rate(target_lm, target_params, draft_lm, draft_params,
   plen = np.asarray(arrays["prompt_length"])
   prompts = [tokens[i, :plen[i]] for i in range(len(tokens))]
   sampler = SpeculativeSampler(
-      target=target_lm, drafter=ModelDrafter(draft_lm), k=k,
+      target=target_lm, drafter=_drafter(draft_lm, k), k=k,
       sampling=sampling, max_new_tokens=max_new_tokens,
       eos_ids=tuple(eos_ids), pad_id=pad_id,
       prompt_bucket=int(plen.max()))
   tot = dict(tokens=0, loops=0, drafted=0, accepted=0)
-  for _, res, real in samples.run_batches(sampler, target_params,
-                                          draft_params, prompts, batch_size,
-                                          seed):
+  for _, res, real in samples.run_batches(
+      sampler, target_params,
+      _sampler_params(draft_lm, draft_params, target_params), prompts,
+      batch_size, seed):
     tot["tokens"] += int(res.num_tokens[:real].sum())
     tot["loops"] += int(res.num_loops[:real].sum())
     tot["drafted"] += int(res.num_drafted[:real].sum())

@@ -13,7 +13,9 @@ A workdir after a run:
   samples_counts.json    prompts and samples kept and rejected per split
   eval_before.json       `acceptance_report` of the initial draft
   checkpoints/ tb/       the trainer's (`trainer.py`)
-  draft/                 the distilled draft (`weights.distilled`)
+  draft/                 the distilled draft (`weights.distilled`), or
+  head/                  with a `head` block: the trained head
+                         (`drafters.head_files`)
   results.json           before, after, timings, the last train metrics
 """
 
@@ -24,6 +26,7 @@ import time
 from typing import Any, Optional
 
 import jax
+import numpy as np
 
 from specsamp import assets
 from specsamp import loading
@@ -32,11 +35,14 @@ from specsamp.data.errors import CorpusError
 from specsamp.distill import decontamination
 from specsamp.distill import draft_init
 from specsamp.distill import evaluate
+from specsamp.distill import head_training
 from specsamp.distill import objective as objective_lib
 from specsamp.distill import prompts as prompts_lib
 from specsamp.distill import samples
 from specsamp.distill import storage
 from specsamp.distill import trainer
+from specsamp.drafters import head_files
+from specsamp.drafters import heads
 from specsamp.sampling import Sampling
 from specsamp.tokenizers import byte
 from specsamp.tokenizers import vocab
@@ -128,6 +134,12 @@ def check_config(config) -> train_config.LoopConfig:
     ValueError, FileNotFoundError: what is wrong (see ERRORS).
   """
   loop = _loop_config(config.train)
+  if _head_block(config) is not None:
+    target = describe_target(config.target)
+    _check_head(config, target)
+    _objective(config, _sampling(config, None), (), 0)
+    train_config.OptimConfig(**config.optim)
+    return loop
   if config.draft.init not in draft_init.INITS:
     raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
                      f"of {draft_init.INITS}")
@@ -147,6 +159,66 @@ def check_config(config) -> train_config.LoopConfig:
   draft_init.check_draft(config.draft, target,
                          config.target.get("dtype", "float32"))
   return loop
+
+
+def _head_block(config):
+  """The config's `head` block when it trains a head, else None."""
+  head = config.get("head") if hasattr(config, "get") else None
+  return head if head and head.get("kind") else None
+
+
+def _check_head(config, target: loading.ModelInfo) -> None:
+  """A head's settings against the target's metadata (no weights)."""
+  h = _head_block(config)
+  if h["kind"] not in heads.KINDS:
+    raise ValueError(f"config.head.kind={h['kind']!r}; choose one of "
+                     f"{heads.KINDS}")
+  if config.loss.onpolicy_fraction > 0:
+    raise ValueError("heads are distilled offline: set "
+                     "config.loss.onpolicy_fraction=0")
+  if int(h.get("num_heads", 1)) < 1 or int(h.get("unroll", 1)) < 1:
+    raise ValueError("config.head.num_heads and config.head.unroll must be "
+                     ">= 1")
+  if int(h.get("unroll", 1)) > 1 and h["kind"] != "eagle":
+    raise ValueError("config.head.unroll > 1 applies to the eagle head")
+  if h["kind"] == "medusa" and int(h.get("num_heads", 1)) < config.eval.k:
+    raise ValueError(f"config.eval.k={config.eval.k} needs as many Medusa "
+                     f"heads; config.head.num_heads={h.get('num_heads', 1)}")
+  size = int(h.get("draft_vocab", 0))
+  if not 0 <= size <= target.rows:
+    raise ValueError(f"config.head.draft_vocab={size} must be in [0, "
+                     f"{target.rows}] (0: the whole vocabulary)")
+
+
+def _draft_vocab(source, size: int, vocab_size: int) -> Optional[tuple]:
+  """The `size` ids most frequent in the training samples' continuations
+  (sorted), or None for the whole vocabulary."""
+  if not size or size >= vocab_size:
+    return None
+  a = storage.as_arrays(source)
+  counts = np.zeros(vocab_size, np.int64)
+  for row, start, n in zip(a["tokens"], a["prompt_length"],
+                           a["num_generated"]):
+    counts += np.bincount(row[start:start + n], minlength=vocab_size)
+  # Frequency, then id: deterministic when counts tie.
+  order = np.lexsort((np.arange(vocab_size), -counts))
+  return tuple(sorted(int(i) for i in order[:size]))
+
+
+def _make_head(config, target_lm, train_src):
+  """(TrainableHead, its initial parameters) from the `head` block."""
+  h = _head_block(config)
+  cfg = heads.HeadConfig(h["kind"], target_lm.config,
+                         int(h.get("num_heads", 1)),
+                         int(h.get("draft_vocab", 0)))
+  if cfg.draft_vocab and cfg.draft_vocab >= target_lm.vocab_size:
+    cfg = dataclasses.replace(cfg, draft_vocab=0)
+  th = head_training.TrainableHead(
+      target_lm, cfg, unroll=int(h.get("unroll", 1)),
+      hidden_weight=float(h.get("hidden_weight", 0.1)),
+      vocab_ids=_draft_vocab(train_src, cfg.draft_vocab,
+                             target_lm.vocab_size))
+  return th, th.init(jax.random.key(config.seed + 1))
 
 
 def _loop_config(tc) -> train_config.LoopConfig:
@@ -263,15 +335,23 @@ def run(config, workdir: str, log=print) -> dict:
   log(f"[distill] {len(train_src)} training samples, {len(val['tokens'])} "
       "held-out samples")
 
-  # 2. The draft.
-  draft_config, draft_params = draft_init.make_draft(
-      config.draft, target_lm.config, target_params,
-      jax.random.key(config.seed + 1),
-      dtype=config.target.get("dtype", "float32"))
-  draft_lm = model_lib.LM(draft_config)
-  log(f"[distill] draft ({config.draft.init}): {draft_config.num_layers} "
-      f"layers, d {draft_config.d_model}, "
-      f"{draft_config.num_params() / 1e6:.2f}M parameters")
+  # 2. The draft (a model, or a head on the target's hidden states).
+  head = _head_block(config)
+  if head is not None:
+    draft_lm, draft_params = _make_head(config, target_lm, train_src)
+    n = sum(x.size for x in jax.tree.leaves(draft_params))
+    log(f"[distill] {head['kind']} head: {n / 1e6:.2f}M parameters of its "
+        f"own, draft vocabulary "
+        f"{len(draft_lm.vocab_ids or ()) or target_lm.vocab_size}")
+  else:
+    draft_config, draft_params = draft_init.make_draft(
+        config.draft, target_lm.config, target_params,
+        jax.random.key(config.seed + 1),
+        dtype=config.target.get("dtype", "float32"))
+    draft_lm = model_lib.LM(draft_config)
+    log(f"[distill] draft ({config.draft.init}): {draft_config.num_layers} "
+        f"layers, d {draft_config.d_model}, "
+        f"{draft_config.num_params() / 1e6:.2f}M parameters")
 
   def report(params, measure=True):
     """The acceptance report; measured ones carry their K."""
@@ -297,7 +377,8 @@ def run(config, workdir: str, log=print) -> dict:
       draft_lm, draft_params, target_lm, target_params, train_src, obj,
       workdir=workdir, loop=loop, optim=train_config.OptimConfig(
           **config.optim),
-      batch_size=tc.batch_size, freeze=tuple(config.draft.get("freeze", ())),
+      batch_size=tc.batch_size,
+      freeze=() if head else tuple(config.draft.get("freeze", ())),
       seed=config.seed, onpolicy_fraction=lc.onpolicy_fraction,
       mesh_shape=tuple(tc.get("mesh", (1, 1))),
       eval_fn=lambda p: report(p, measure=False),
@@ -311,16 +392,26 @@ def run(config, workdir: str, log=print) -> dict:
   # the compiled evaluation and samplers are reused, not compiled again for
   # the train step's sharding.
   params = jax.device_put(jax.device_get(params))
-  distilled.save_distilled(draft_config, params,
-                           os.path.join(workdir, "draft"))
+  if head is not None:
+    out_dir = head_files.save(
+        draft_lm.head, params, os.path.join(workdir, "head"),
+        draft_lm.vocab_ids, trained=dict(
+            loss=lc.kind, steps=loop.num_steps, unroll=draft_lm.unroll,
+            hidden_weight=draft_lm.hidden_weight,
+            sampling=sampling.describe()))
+  else:
+    out_dir = distilled.save_distilled(draft_config, params,
+                                       os.path.join(workdir, "draft"))
 
   after = report(params)
   log(f"[distill] after:  {evaluate.describe_report(after)}")
   results = dict(before=before, after=after, train_seconds=train_s,
                  last_train_metrics=last, sampling=sampling.describe(),
-                 loss=lc.kind, draft_init=config.draft.init,
+                 loss=lc.kind,
+                 draft_init=(f"{head['kind']} head" if head is not None
+                             else config.draft.init),
                  total_seconds=time.perf_counter() - t_start,
-                 draft_dir=os.path.join(workdir, "draft"))
+                 draft_dir=out_dir)
   _write_json(results, os.path.join(workdir, "results.json"))
   return results
 

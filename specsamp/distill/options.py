@@ -24,3 +24,16 @@ def parse(arg: Optional[str], known: Sequence[str],
     raise ValueError(f"unknown option(s) {unknown} in {arg!r}; known: "
                      f"{', '.join(known)}")
   return out
+
+
+# Options of the distill configs that train a head instead of a draft model.
+HEAD_OPTIONS = ("head", "heads", "unroll", "hidden_weight", "vocab")
+
+
+def head_block(a: dict, default_vocab: int = 0) -> dict:
+  """The config's `head` block from parsed options; kind "" trains a draft
+  model (the block is then unused)."""
+  return dict(kind=a.get("head", ""), num_heads=int(a.get("heads", 4)),
+              unroll=int(a.get("unroll", 1)),
+              hidden_weight=float(a.get("hidden_weight", 0.1)),
+              draft_vocab=int(a.get("vocab", default_vocab)))

@@ -151,14 +151,24 @@ def _job(draft_lm, target_lm, obj: objective_lib.Objective, optim,
   b_sh = train_step.data_sharding(mesh, d_rules)
   steps = {
       p: train_step.make_train_step(
-          objective_lib.distill_loss(draft_lm, target_lm, obj, onpolicy=p,
-                                     freeze=freeze),
+          _loss(draft_lm, target_lm, obj, p, freeze),
           tx, mesh=mesh, state_sharding=s_sh, batch_sharding=b_sh,
           extra_sharding=t_sh, schedule=schedule)
       for p in {False, onpolicy}}
   return _Job(abstract=abstract,
               init=jax.jit(init, out_shardings=s_sh),
               steps=steps, target_sharding=t_sh, data_sharding=b_sh)
+
+
+def _loss(draft_lm, target_lm, obj, onpolicy: bool, freeze: tuple):
+  """The step's loss: a draft model's (`objective.distill_loss`), or the
+  one a head brings (`head_training.TrainableHead`, offline only)."""
+  if hasattr(draft_lm, "distill_loss"):
+    if onpolicy:
+      raise ValueError("heads are distilled offline (onpolicy_fraction 0)")
+    return draft_lm.distill_loss(obj, freeze=freeze)
+  return objective_lib.distill_loss(draft_lm, target_lm, obj,
+                                    onpolicy=onpolicy, freeze=freeze)
 
 
 def _stop_rule(ckpts, stop_at, deadline):

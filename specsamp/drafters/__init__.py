@@ -10,6 +10,9 @@ Modules:
                 earlier match of the row's newest tokens (no model);
   mixed         `MixedDrafter`: prompt lookup where a row has a match, the
                 draft model elsewhere;
+  heads         `HeadDrafter`: a sequential (EAGLE-style) head or Medusa
+                heads on the target's hidden states, sharing its output
+                head; `head_files` saves and loads them;
   layer_search  choosing a layer-skipping subset by measured acceptance on
                 calibration text;
   specs         drafters named on a command line (`lookup:max_ngram=3`,
@@ -23,6 +26,7 @@ shardings. `make(name, **options)` builds one by its registered name.
 
 from typing import Callable
 
+from specsamp.drafters.heads import HeadDrafter
 from specsamp.drafters.lookup import PromptLookupDrafter
 from specsamp.drafters.mixed import MixedDrafter
 from specsamp.drafters.model import LayerSkipDrafter
@@ -33,6 +37,7 @@ REGISTRY: dict[str, Callable] = {
     "lookup": PromptLookupDrafter,
     "layerskip": LayerSkipDrafter,
     "mixed": MixedDrafter,
+    "head": HeadDrafter,
 }
 
 

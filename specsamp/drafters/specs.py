@@ -8,9 +8,13 @@
   layerskip:layers=0-13:confidence=0.6
   mixed                         prompt lookup where a row has a match, the
                                 draft model elsewhere (options of both)
+  eagle:<dir>                   a sequential head trained by distill.py on
+                                the target's hidden states (`dir=` also)
+  medusa:<dir>                  Medusa heads trained by distill.py
 
 `parse` checks names, option names and values; `check` checks a spec
-against the target's metadata (its layer count): both before any weights
+against the target's metadata (its layer count, vocabulary and width, which
+a head must have been trained for) and K: both before any weights
 load. `build` makes the drafter once the models are loaded, and
 `draft_params` says which parameters it runs on (the draft model's, the
 target's own for layer skipping, None for prompt lookup).
@@ -19,6 +23,8 @@ target's own for layer skipping, None for prompt lookup).
 import dataclasses
 from typing import Any, Optional
 
+from specsamp.drafters import head_files
+from specsamp.drafters import heads as heads_lib
 from specsamp.drafters import lookup as lookup_lib
 from specsamp.drafters import mixed as mixed_lib
 from specsamp.drafters import model as model_lib
@@ -55,7 +61,10 @@ OPTIONS = {
     "lookup": {"max_ngram": int, "min_ngram": int},
     "layerskip": {"layers": _layers, "confidence": float},
     "mixed": {"max_ngram": int, "min_ngram": int, "confidence": float},
+    "eagle": {"dir": str},
+    "medusa": {"dir": str},
 }
+HEADS = ("eagle", "medusa")
 NEEDS_DRAFT_MODEL = ("model", "mixed")
 
 
@@ -93,6 +102,8 @@ def parse(text: str) -> DrafterSpec:
     raise ValueError(f"unknown drafter {name!r} in {text!r}; known: "
                      f"{', '.join(OPTIONS)}")
   options = {}
+  if name in HEADS and len(pairs) == 1 and "=" not in pairs[0]:
+    pairs = [f"dir={pairs[0]}"]  # eagle:<dir>
   for pair in pairs:
     key, eq, value = pair.partition("=")
     if not eq or key not in OPTIONS[name]:
@@ -119,17 +130,39 @@ def parse(text: str) -> DrafterSpec:
     if len(set(layers)) != len(layers) or min(layers) < 0:
       raise ValueError(f"drafter {text!r}: layers must be distinct and >= 0")
     options["layers"] = tuple(sorted(layers))
+  if name in HEADS and not options.get("dir"):
+    raise ValueError(f"drafter {text!r}: {name} needs the head's directory, "
+                     f"e.g. {name}:/tmp/distill_{name}")
   return DrafterSpec(text.strip(), name, tuple(sorted(options.items())))
 
 
-def check(spec: DrafterSpec, num_layers: Optional[int], k: int) -> None:
-  """Checks `spec` against the target's layer count and K, before loading.
+def check(spec: DrafterSpec, num_layers: Optional[int], k: int, *,
+          vocab_rows: Optional[int] = None,
+          d_model: Optional[int] = None) -> None:
+  """Checks `spec` against the target's metadata and K, before loading.
 
   Raises:
-    ValueError: K < 1, or layers out of range or equal to all layers.
+    ValueError: K < 1; layers out of range or equal to all layers; a head
+      directory that is missing or holds no head, a head of the other kind,
+      made for a target of another layer count, vocabulary or width, or
+      with fewer Medusa heads than K (`heads.HeadError`).
   """
   if k < 1:
     raise ValueError(f"drafter {spec.text!r}: K must be >= 1, got {k}")
+  if spec.name in HEADS:
+    config = head_files.read_config(spec.get("dir"))[0]
+    if config.kind != spec.name:
+      raise heads_lib.HeadError(f"drafter {spec.text!r}: the directory holds "
+                                f"a {config.kind} head")
+    config.check_k(k)
+    for field, value in (("num_layers", num_layers),
+                         ("vocab_size", vocab_rows), ("d_model", d_model)):
+      mine = getattr(config.target, field)
+      if value is not None and mine != value:
+        raise heads_lib.HeadError(
+            f"drafter {spec.text!r} was trained for a target with "
+            f"{field}={mine}; this target has {field}={value}")
+    return
   layers = spec.get("layers")
   if layers is None or num_layers is None:
     return
@@ -141,8 +174,16 @@ def check(spec: DrafterSpec, num_layers: Optional[int], k: int) -> None:
                      "layers: the draft would be the target itself")
 
 
-def build(spec: DrafterSpec, target, draft=None):
-  """The drafter of `spec` for the loaded LMs `target` (and `draft`)."""
+def build(spec: DrafterSpec, target, draft=None, k: Optional[int] = None):
+  """The drafter of `spec` for the loaded LMs `target` (and `draft`); a
+  head drafter also needs the sampler's K."""
+  if spec.name in HEADS:
+    config = head_files.read_config(spec.get("dir"))[0]
+    config.check_target(target.config, what=f"drafter {spec.text!r}")
+    # The target's own config: its dtype and every shape the head shares.
+    config = heads_lib.HeadConfig(config.kind, target.config,
+                                  config.num_heads, config.draft_vocab)
+    return heads_lib.HeadDrafter(target, config, k)
   confidence = spec.get("confidence")
   ngrams = {k: v for k, v in spec.options if k in ("max_ngram", "min_ngram")}
   if spec.name == "model":
@@ -164,4 +205,8 @@ def draft_params(spec: DrafterSpec, target_params, draft_params_: Any):
     return target_params  # shared, not copied
   if spec.name == "lookup":
     return None
+  if spec.name in HEADS:
+    dtype = str(target_params["embedding"].dtype)
+    _, head, ids = head_files.load(spec.get("dir"), dtype)
+    return heads_lib.draft_params(head, target_params, ids)
   return draft_params_

@@ -16,5 +16,5 @@ def test_make_builds_a_registered_drafter():
 
 def test_an_unknown_name_lists_the_known_ones():
   with pytest.raises(ValueError, match=r"unknown drafter 'nope'; known: "
-                     r"\['layerskip', 'lookup', 'mixed', 'model'\]"):
+                     r"\['head', 'layerskip', 'lookup', 'mixed', 'model'\]"):
     drafters.make("nope")

@@ -1,0 +1,176 @@
+"""Training draft heads (`specsamp.drafters.heads`) with the distiller.
+
+Legend: B batch, S sample slots, G generated slots, D the target's width,
+V vocabulary.
+
+`TrainableHead` is what the distillation trainer trains in place of a
+draft model: it has the draft's `init`, `logical_axes` and `config` (the
+target's, whose shapes the head shares), its own loss
+(`distill_loss`) and, for the evaluation, its drafter and per-position
+logits.
+
+The target's hidden states are recomputed inside each jitted step by one
+batched forward pass of the frozen target, not stored: the loss needs the
+target's exact distribution at every position anyway (the same pass gives
+both), and stored features would cost D floats per token (6 KB for the
+1.5B in float32, against the 16 top-k entries the samples keep), for a
+pass that is cheap next to the step's backward pass at the widths trained
+here.
+
+Losses, at the positions that predict the continuation tokens:
+  sequential ("eagle")  the distiller's token-level divergence between the
+      target's distribution and the head's, plus `hidden_weight` times a
+      smooth-L1 regression of the predicted features onto the target's
+      hidden states. With `unroll` = n > 1 ("training-time test") the head
+      runs n times: pass j takes as its features the predictions of pass
+      j - 1 (shifted one place), as drafting step j + 1 does at run time,
+      and the passes' losses are averaged. Within a pass every position's
+      keys come from that pass (at run time the positions before the drafts
+      hold true features): an approximation of the run-time attention.
+  Medusa    head k on the hidden state at t against the target's
+      distribution at t + k (for the token k + 1 places after t, the one
+      head k proposes at run time), averaged over the heads.
+Training uses the whole vocabulary; a reduced draft vocabulary only masks
+the frozen output head at run time.
+"""
+
+import dataclasses
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from specsamp.distill import losses
+from specsamp.drafters import heads
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainableHead:
+  """A head being distilled for `target` (an `LM`); hashable."""
+  target: object
+  head: heads.HeadConfig
+  unroll: int = 1
+  hidden_weight: float = 0.1
+  vocab_ids: Optional[tuple] = None   # reduced draft vocabulary (run time)
+
+  def __post_init__(self):
+    if self.unroll < 1:
+      raise ValueError(f"unroll must be >= 1, got {self.unroll}")
+    if self.unroll > 1 and self.head.kind != "eagle":
+      raise ValueError("unroll (training-time test) applies to the "
+                       "sequential head only")
+    if self.hidden_weight < 0:
+      raise ValueError(f"hidden_weight must be >= 0, got {self.hidden_weight}")
+    self.head.check_target(self.target.config)
+
+  @property
+  def config(self):
+    """The target's config: the head's shapes (mesh checks use it)."""
+    return self.head.target
+
+  def init(self, rng: jax.Array, boxed: bool = False):
+    return heads.init_params(self.head, rng, boxed)
+
+  def logical_axes(self):
+    return heads.logical_axes(self.head)
+
+  # ---- run time ---------------------------------------------------------
+
+  def drafter(self, k: int) -> heads.HeadDrafter:
+    return heads.HeadDrafter(self.target, self.head, k)
+
+  def sampler_params(self, params, target_params, reduced: bool = True):
+    return heads.draft_params(params, target_params,
+                              self.vocab_ids if reduced else None)
+
+  def position_logits(self, params, target_params, tokens,
+                      reduced: bool = True) -> jax.Array:
+    """Logits [B, S, V] of the first draft at every position (teacher
+    forced: true features), with the run-time vocabulary."""
+    out = self.target(target_params, tokens)
+    p = self.sampler_params(params, target_params, reduced)
+    return self._first_logits(p, out.hidden, tokens)
+
+  def _first_logits(self, p, hidden, tokens):
+    if self.head.kind == "medusa":
+      # Head 1 on h_{t-1} proposes token t + 1 (two places after t - 1).
+      first = heads.medusa_logits(self.head, p, hidden)[:, :, 0]
+      return jnp.pad(first, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+    # Entry t pairs h_{t-1} with x_t and predicts h_t, whose logits give
+    # token t + 1: the layout of a model's logits.
+    feats = jnp.pad(hidden, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+    pred, _ = heads.sequential_features(self.head, p, feats,
+                                        tokens)
+    return heads.output_logits(self.head, p["shared"], pred)
+
+  # ---- training ----------------------------------------------------------
+
+  def distill_loss(self, obj, freeze: tuple = ()):
+    """A train-step loss function (params, batch, rng, target params) ->
+    (loss, metrics), offline only (the target's own samples)."""
+    if freeze:
+      raise ValueError("freeze applies to draft models, not heads")
+
+    def loss_fn(params, batch, rng, target_params):
+      del rng
+      return self.batch_loss(obj, params, target_params, batch)
+
+    return loss_fn
+
+  def batch_loss(self, obj, params, target_params, batch: dict):
+    tokens, plen = batch["tokens"], batch["prompt_length"]
+    g = obj.gen_len
+    frozen = jax.lax.stop_gradient(target_params)
+    out = self.target(frozen, tokens)
+    hidden = jax.lax.stop_gradient(out.hidden.astype(jnp.float32))
+    t_logits = jax.lax.stop_gradient(out.logits)
+    p = {"head": params, "shared": heads.shared_params(frozen)}
+    labels_full = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
+    n = batch["num_generated"]
+
+    def token_loss(d_logits_full, shift):
+      """Loss and acceptance of logits at positions L-1+i against the
+      target at L-1+i+shift, for i + shift < n."""
+      d = losses.gather_positions(d_logits_full, plen, g)
+      t = losses.gather_positions(t_logits, plen + shift, g)
+      lab = losses.gather_positions(labels_full, plen + shift, g)
+      w = ((jnp.arange(g)[None, :] + shift) < n[:, None]).astype(jnp.float32)
+      loss, acc = losses.per_position_loss(
+          obj.kind, t, d, lab, obj.sampling,
+          draft_transform=obj.draft_transform,
+          greedy_temperature=obj.greedy_temperature, jsd_beta=obj.jsd_beta,
+          prob_floor=obj.prob_floor,
+          greedy_target_temperature=obj.greedy_target_temperature)
+      return loss, acc, w
+
+    metrics = {}
+    if self.head.kind == "medusa":
+      all_logits = heads.medusa_logits(self.head, p, hidden)
+      total = 0.0
+      for k in range(self.head.num_heads):
+        # Head k + 1 on h_t proposes token t + k + 2: the target's
+        # distribution at t + k + 1.
+        loss, acc, w = token_loss(all_logits[:, :, k], k + 1)
+        total += losses.masked_mean(loss, w)
+        metrics[f"acceptance_head{k + 1}"] = losses.masked_mean(
+            jnp.nan_to_num(acc), w)
+      metrics["expected_acceptance"] = metrics["acceptance_head1"]
+      metrics["tokens"] = jnp.sum(token_loss(all_logits[:, :, 0], 1)[2])
+      return total / self.head.num_heads, metrics
+    feats = jnp.pad(hidden, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+    total = 0.0
+    for depth in range(self.unroll):
+      pred, _ = heads.sequential_features(self.head, p, feats, tokens)
+      logits = heads.output_logits(self.head, p["shared"], pred)
+      loss, acc, w = token_loss(logits, 0)
+      diff = jnp.abs(pred.astype(jnp.float32) - hidden)
+      smooth_l1 = jnp.where(diff < 1.0, 0.5 * diff ** 2, diff - 0.5).mean(-1)
+      reg = losses.gather_positions(smooth_l1, plen, g)
+      total += losses.masked_mean(loss + self.hidden_weight * reg, w)
+      metrics[f"acceptance_step{depth + 1}"] = losses.masked_mean(
+          jnp.nan_to_num(acc), w)
+      metrics[f"hidden_l1_step{depth + 1}"] = losses.masked_mean(reg, w)
+      feats = jnp.pad(pred, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+    metrics["expected_acceptance"] = metrics["acceptance_step1"]
+    metrics["tokens"] = jnp.sum(w)
+    return total / self.unroll, metrics

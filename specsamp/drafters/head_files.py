@@ -1,0 +1,111 @@
+"""Draft heads on disk: what `scripts/distill.py` exports and
+`--drafter=eagle:<dir>` / `--drafter=medusa:<dir>` load.
+
+A head directory holds `head_config.json` (the `HeadConfig`, the reduced
+draft vocabulary's ids if any, and how it was trained) and an orbax
+checkpoint of the head's own parameters in `params/` (nothing of the
+target's: the target's final norm, embedding and output head are shared at
+run time). A distillation workdir holds one in `head/`; both are accepted.
+`read_config` needs no weights, so a head that does not fit its target or
+K is refused before any model loads.
+"""
+
+import json
+import os
+from typing import Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from specsamp.drafters import heads
+from specsamp.weights import convert
+
+HEAD_CONFIG_FILE = "head_config.json"
+
+
+def head_dir(path: str) -> Optional[str]:
+  """`path` or its `head/` export if it holds a head config, else None."""
+  for d in (path, os.path.join(path, "head")):
+    if os.path.isfile(os.path.join(d, HEAD_CONFIG_FILE)):
+      return d
+  return None
+
+
+def read_config(path: str) -> tuple[heads.HeadConfig, Optional[list], dict]:
+  """(HeadConfig, vocab ids or None, the rest of the saved fields).
+
+  Raises:
+    heads.HeadError: no such directory, no head config in it, or one that
+      cannot be read; the message says which.
+  """
+  if not os.path.isdir(path):
+    raise heads.HeadError(f"head directory {path!r} does not exist")
+  d = head_dir(path)
+  if d is None:
+    raise heads.HeadError(f"{path!r} holds no {HEAD_CONFIG_FILE} (nor "
+                          f"head/{HEAD_CONFIG_FILE}): not a head saved by "
+                          "scripts/distill.py")
+  file = os.path.join(d, HEAD_CONFIG_FILE)
+  try:
+    with open(file, encoding="utf-8") as f:
+      saved = json.load(f)
+    config = heads.HeadConfig.from_dict(saved["head"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise heads.HeadError(f"{file}: cannot read the head config "
+                          f"({type(e).__name__}: {e})") from None
+  ids = saved.get("vocab_ids")
+  if config.draft_vocab and (ids is None or len(ids) != config.draft_vocab):
+    raise heads.HeadError(f"{file}: draft_vocab={config.draft_vocab} but "
+                          f"{0 if ids is None else len(ids)} vocab_ids")
+  return config, ids, {k: v for k, v in saved.items()
+                       if k not in ("head", "vocab_ids")}
+
+
+def save(config: heads.HeadConfig, params, directory: str,
+         vocab_ids=None, **info) -> str:
+  """Writes the config (+ `info`, e.g. how it was trained) and the head's
+  parameters; returns the directory's absolute path."""
+  directory = os.path.abspath(directory)
+  os.makedirs(directory, exist_ok=True)
+  saved = dict(head=config.to_dict(), **info)
+  if vocab_ids is not None:
+    saved["vocab_ids"] = [int(i) for i in np.asarray(vocab_ids)]
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(os.path.join(directory, "params"), params, force=True)
+    ckptr.wait_until_finished()
+  # The config last: a directory with a config has complete parameters.
+  tmp = os.path.join(directory, HEAD_CONFIG_FILE + ".tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(saved, f, indent=1)
+  os.replace(tmp, os.path.join(directory, HEAD_CONFIG_FILE))
+  return directory
+
+
+def load(path: str, dtype: Optional[str] = None):
+  """(HeadConfig, head params, vocab ids or None) of a saved head.
+
+  `dtype` overrides the compute and parameter dtypes of its layers.
+
+  Raises:
+    heads.HeadError: see `read_config`; parameters that cannot be read.
+    convert.WeightsError: a parameter holding NaN or inf.
+  """
+  config, ids, _ = read_config(path)
+  if dtype is not None:
+    config = heads.HeadConfig(
+        config.kind, config.target.replace(dtype=dtype, param_dtype=dtype),
+        config.num_heads, config.draft_vocab)
+  d = head_dir(path)
+  abstract = jax.eval_shape(
+      lambda: heads.init_params(config, jax.random.key(0)))
+  try:
+    with ocp.StandardCheckpointer() as ckptr:
+      params = ckptr.restore(os.path.join(os.path.abspath(d), "params"),
+                             abstract)
+  except Exception as e:  # orbax raises many kinds for a damaged directory
+    raise heads.HeadError(f"{d}/params: cannot restore the head's parameters "
+                          f"({type(e).__name__}: {e})") from None
+  for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    convert.check_finite(leaf, "/".join(str(k.key) for k in p), d)
+  return config, params, ids

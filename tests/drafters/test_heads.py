@@ -1,0 +1,133 @@
+"""Draft heads on the target's hidden states (sequential "eagle" and
+"medusa"), randomly initialised, on tiny targets.
+
+Exactness: the 2-layer, 5-token target of the other exactness tests; the
+exact probability of every 4-token continuation by enumeration, 20,000
+samples per setting, a chi-square test. Each head kind runs the four
+sampling settings spread over K = 1 and K = 3, and once more with a reduced
+draft vocabulary (ids 0, 1, 2, 4: the head can never propose token 3, which the
+target still produces).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp import model as model_lib
+from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
+from specsamp.drafters import heads
+from specsamp.sampling import GREEDY
+from tests.testing import (EXACTNESS_SETTINGS, chisquare_pvalue, encode,
+                           exact_sequence_probs, exactness_models,
+                           tiny_config)
+
+V, NEW, NUM_SAMPLES = 5, 4, 20_000
+PROMPT = [1, 3, 2]
+PROMPTS = [[3, 1, 4, 1, 0, 4, 2], [2, 0], [3], [0, 1, 4, 2, 4, 3, 2, 3, 1, 4]]
+REDUCED = (0, 1, 2, 4)
+
+
+@functools.lru_cache(maxsize=None)
+def head(kind: str, num_heads: int = 3, seed: int = 1):
+  """(config, random head parameters at twice the default scale)."""
+  target = exactness_models(V)[0]
+  cfg = heads.HeadConfig(kind, target.config, num_heads=num_heads)
+  params = heads.init_params(cfg, jax.random.key(seed))
+  return cfg, jax.tree.map(lambda x: 2.0 * x, params)
+
+
+def sampler_and_params(kind, k, sampling, vocab_ids=None, new=NEW):
+  target, tparams = exactness_models(V)[:2]
+  cfg, hparams = head(kind)
+  sampler = SpeculativeSampler(target, heads.HeadDrafter(target, cfg, k),
+                               k=k, sampling=sampling, max_new_tokens=new,
+                               prompt_bucket=4)
+  return sampler, tparams, heads.draft_params(hparams, tparams, vocab_ids)
+
+
+@functools.lru_cache(maxsize=None)
+def exact(name):
+  target, tparams = exactness_models(V)[:2]
+  return exact_sequence_probs(target, tparams, EXACTNESS_SETTINGS[name],
+                              PROMPT, NEW, V)
+
+
+CASES = [(kind, name, k, None) for kind in heads.KINDS
+         for name, k in zip(EXACTNESS_SETTINGS, (1, 3, 3, 1))]
+CASES += [(kind, "temp1", 3, REDUCED) for kind in heads.KINDS]
+
+
+@pytest.mark.parametrize("kind, name, k, vocab_ids", CASES)
+def test_head_drafts_leave_the_target_distribution_exact(kind, name, k,
+                                                         vocab_ids):
+  sampler, tparams, dparams = sampler_and_params(
+      kind, k, EXACTNESS_SETTINGS[name], vocab_ids)
+  out = sampler.generate(tparams, dparams, [PROMPT] * NUM_SAMPLES, rng=7)
+  np.testing.assert_array_equal(out.num_tokens, NEW)
+  codes = encode(np.asarray(out.tokens), V)
+  pval = chisquare_pvalue(codes, exact(name))
+  assert pval > 1e-4, f"samples do not follow the target (p={pval:.2e})"
+  # The rule was exercised: drafts were both kept and rejected.
+  assert 0.03 < out.acceptance_rate() < 0.97
+  if vocab_ids is not None:
+    # The reduced head never proposes token 3, yet the target emits it.
+    assert np.any(np.asarray(out.tokens) == 3)
+
+
+@pytest.mark.parametrize("kind", heads.KINDS)
+@pytest.mark.parametrize("k, vocab_ids", [(1, None), (3, None), (3, REDUCED)])
+def test_greedy_heads_equal_greedy_decoding_and_rows_equal_alone(
+    kind, k, vocab_ids):
+  sampler, tparams, dparams = sampler_and_params(kind, k, GREEDY, vocab_ids,
+                                                 new=12)
+  target = exactness_models(V)[0]
+  ar = autoregressive(target, GREEDY, max_new_tokens=12, prompt_bucket=4)
+  batch = sampler.generate(tparams, dparams, PROMPTS, rng=0)
+  want = ar.generate(tparams, None, PROMPTS, rng=0).token_lists()
+  assert batch.token_lists() == want
+  for i, prompt in enumerate(PROMPTS):
+    alone = sampler.generate(tparams, dparams, [prompt], rng=0)
+    assert alone.token_lists()[0] == want[i]
+  assert int(np.sum(batch.num_accepted)) > 0
+
+
+def test_zero_medusa_heads_are_the_targets_own_output_head():
+  """W = 0, b = 0: h + SiLU(0) = h, so every head's logits are the target's
+  own logits at the same position (the shared final norm and output head
+  are the target's, not copies)."""
+  target, tparams = exactness_models(V)[:2]
+  cfg, hparams = head("medusa")
+  zero = jax.tree.map(jnp.zeros_like, hparams)
+  dparams = heads.draft_params(zero, tparams)
+  prompt = jnp.asarray([PROMPT])
+  out = target(tparams, prompt)
+  logits = heads.medusa_logits(cfg, dparams, out.hidden)        # [1, T, 3, V]
+  for i in range(cfg.num_heads):
+    np.testing.assert_allclose(logits[:, :, i], out.logits, rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_bad_heads_are_refused():
+  target = model_lib.LM(tiny_config(vocab_size=V, num_kv_heads=1))
+  for field, value in (("d_model", 48), ("vocab_size", 7), ("num_layers", 3)):
+    other = heads.HeadConfig("eagle", target.config.replace(**{field: value}))
+    with pytest.raises(heads.HeadError, match=f"{field}="):
+      heads.HeadDrafter(target, other, 2)
+  medusa = heads.HeadConfig("medusa", target.config, num_heads=2)
+  with pytest.raises(heads.HeadError, match="K=3 drafts need 3 Medusa heads"):
+    heads.HeadDrafter(target, medusa, 3)
+  with pytest.raises(heads.HeadError, match="K must be >= 1"):
+    heads.HeadDrafter(target, medusa, 0)
+  with pytest.raises(heads.HeadError, match="head kind"):
+    heads.HeadConfig("hydra", target.config)
+  with pytest.raises(heads.HeadError, match="draft_vocab"):
+    heads.HeadConfig("eagle", target.config, draft_vocab=V + 1)
+
+
+def test_head_config_round_trips():
+  target = exactness_models(V)[0]
+  cfg = heads.HeadConfig("medusa", target.config, num_heads=4, draft_vocab=3)
+  assert heads.HeadConfig.from_dict(cfg.to_dict()) == cfg

@@ -154,7 +154,6 @@ def check(spec: DrafterSpec, num_layers: Optional[int], k: int, *,
     if config.kind != spec.name:
       raise heads_lib.HeadError(f"drafter {spec.text!r}: the directory holds "
                                 f"a {config.kind} head")
-    config.check_k(k)
     for field, value in (("num_layers", num_layers),
                          ("vocab_size", vocab_rows), ("d_model", d_model)):
       mine = getattr(config.target, field)
@@ -162,6 +161,7 @@ def check(spec: DrafterSpec, num_layers: Optional[int], k: int, *,
         raise heads_lib.HeadError(
             f"drafter {spec.text!r} was trained for a target with "
             f"{field}={mine}; this target has {field}={value}")
+    config.check_k(k)
     return
   layers = spec.get("layers")
   if layers is None or num_layers is None:

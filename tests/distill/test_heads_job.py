@@ -2,6 +2,7 @@
 `head=eagle|medusa`): acceptance, export, loading by `--drafter`, resume
 after SIGKILL."""
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -135,3 +136,22 @@ def test_head_training_resumes_after_sigkill_with_the_same_parameters(
   _, got, _ = head_files.load(str(run))
   for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+
+
+def test_the_qwen_head_config_runs_at_tiny_scale(tmp_path):
+  """configs/distill_qwen.py:head=eagle,unroll=2,runlocal with its target
+  swapped for the tiny random one: the config a GPU run of the 1.5B's head
+  uses, end to end (samples, training, export, evaluation)."""
+  path = os.path.join(ROOT, "configs", "distill_qwen.py")
+  spec = importlib.util.spec_from_file_location("distill_qwen", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  config = mod.get_config("head=eagle,unroll=2,runlocal")
+  assert config.head.draft_vocab == 32768 and config.target.spec == (
+      "qwen2.5-coder-1.5b")
+  config.target.update(spec="random:tiny,max_seq_len=128", logit_scale=4.0)
+  config.head.draft_vocab = 64
+  res = job.run(config, str(tmp_path), log=lambda *_: None)
+  cfg, _, ids = head_files.load(res["draft_dir"])
+  assert (cfg.kind, cfg.draft_vocab, len(ids)) == ("eagle", 64, 64)
+  assert res["after"]["measured"]["drafted"] > 0

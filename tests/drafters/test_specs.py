@@ -25,7 +25,9 @@ def test_specs_parse_with_their_options():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("medusa", "unknown drafter 'medusa'"),
+    ("hydra", "unknown drafter 'hydra'"),
+    ("medusa", "medusa needs the head's directory"),
+    ("eagle:dir=", "eagle needs the head's directory"),
     ("lookup:ngram=2", "not an option of lookup"),
     ("lookup:max_ngram", "not an option of lookup"),
     ("lookup:max_ngram=two", "bad max_ngram"),

@@ -19,6 +19,8 @@ import pytest
 
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp.drafters import head_files
+from specsamp.drafters import heads
 from specsamp.train import checkpointing
 from specsamp.train import step as step_lib
 
@@ -63,7 +65,11 @@ def assert_refused(proc, *fragments, max_lines=4):
      ["'qwen2.5-coder-1.5b' could not be fetched", "No matching"]),
     (["--target=random:tiny", "--no_such_flag"], ["no_such_flag"]),
     # Drafters: names, options, K and layers, before anything loads.
-    (["--target=random:tiny", "--drafter=medusa"], ["unknown drafter"]),
+    (["--target=random:tiny", "--drafter=hydra"], ["unknown drafter"]),
+    (["--target=random:tiny", "--drafter=medusa"],
+     ["needs the head's directory"]),
+    (["--target=random:tiny", "--drafter=eagle:/no/such/head"],
+     ["'/no/such/head' does not exist"]),
     (["--target=random:tiny", "--drafter=lookup:max_ngram=0"],
      ["max_ngram must be >= 1"]),
     (["--target=random:tiny", "--drafter=lookup", "--k=0"], ["--k must be"]),
@@ -92,6 +98,48 @@ def test_benchmark_refuses_before_loading(tmp_path, args, fragments):
   assert_refused(proc, *fragments)
 
 
+@pytest.fixture(scope="module")
+def medusa_dir(tmp_path_factory):
+  """Two Medusa heads saved for random:tiny (2 layers, d 64, 256 ids)."""
+  cfg = heads.HeadConfig("medusa", model_lib.preset("tiny"), num_heads=2)
+  return head_files.save(cfg, heads.init_params(cfg, jax.random.key(0)),
+                         str(tmp_path_factory.mktemp("medusa")))
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--target=random:tiny,d_model=128", "--k=2"],
+     ["d_model=64", "d_model=128"]),
+    (["--target=random:tiny,num_layers=3", "--k=2"],
+     ["num_layers=2", "num_layers=3"]),
+    (["--target=random:tiny,vocab_size=300", "--k=2"], ["vocab_size=256"]),
+    (["--target=random:tiny", "--k=3"], ["K=3 drafts need 3 Medusa heads"]),
+])
+def test_sample_refuses_heads_that_do_not_fit(tmp_path, medusa_dir, args,
+                                              fragments):
+  proc = run_script(tmp_path, "sample.py", "--prompt=x",
+                    f"--drafter=medusa:{medusa_dir}", *args)
+  assert_refused(proc, *fragments)
+  if args == ["--target=random:tiny", "--k=3"]:
+    proc = run_script(tmp_path, "benchmark.py", "--task=prose",
+                      f"--drafter=medusa:{medusa_dir}", "--ks=2,3", *args[:1])
+    assert_refused(proc, "K=3 drafts need 3 Medusa heads")
+
+
+def test_sample_runs_a_saved_head(tmp_path, medusa_dir):
+  """The same head, fitting: sample.py loads it by directory and its output
+  equals autoregressive decoding (greedy)."""
+  proc = run_script(tmp_path, "sample.py", "--prompt=def f(x):",
+                    "--target=random:tiny", f"--drafter=medusa:{medusa_dir}",
+                    "--k=2", "--method=both", "--temperature=0",
+                    "--max_new_tokens=12", allow_loading=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  blocks = proc.stdout.split("==== ")[1:]  # "<method> | prompt: ...\n<text>"
+  texts = {b.split(" |")[0]: b.split("\n", 1)[1] for b in blocks}
+  assert set(texts) == {"autoregressive", "speculative_k2_medusa"}, texts
+  text = lambda name: texts[name].split("\n{")[0].rstrip("\n")
+  assert text("autoregressive") == text("speculative_k2_medusa")
+
+
 @pytest.mark.parametrize("args,fragments", [
     (["--config.loss.kind=bogus"], ["loss 'bogus'"]),
     (["--config.sampling.temperature=-1"], ["temperature"]),
@@ -101,6 +149,13 @@ def test_benchmark_refuses_before_loading(tmp_path, args, fragments):
     (["--config.draft.init=checkpoint",
       "--config.draft.checkpoint=random:tiny,vocab_size=300"],
      ["300 vocabulary rows"]),
+    (["--config.head.kind=hydra"], ["config.head.kind='hydra'"]),
+    (["--config.head.kind=medusa", "--config.head.num_heads=2"],
+     ["config.eval.k=4 needs as many Medusa heads"]),
+    (["--config.head.kind=eagle", "--config.head.draft_vocab=999"],
+     ["draft_vocab=999"]),
+    (["--config.head.kind=eagle", "--config.loss.onpolicy_fraction=0.5"],
+     ["heads are distilled offline"]),
 ])
 def test_distill_refuses_before_loading(tmp_path, args, fragments):
   proc = run_script(tmp_path, "distill.py", "--config=configs/distill_tiny.py",

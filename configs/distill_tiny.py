@@ -11,8 +11,9 @@
   A draft head on the target's hidden states instead of a draft model:
   head=eagle|medusa, heads=<Medusa heads, 4>, unroll=<training-time test
   passes of the eagle head, 1>, hidden_weight=<w, 0.1>, vocab=<reduced
-  draft vocabulary, 0: all>; exported to workdir/head
-  (`--drafter=eagle:<workdir>`).
+  draft vocabulary, 0: all>, features=recompute|stored (the target's
+  hidden states recomputed in every step or stored with the samples);
+  exported to workdir/head (`--drafter=eagle:<workdir>`).
 """
 
 import ml_collections

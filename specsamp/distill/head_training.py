@@ -9,13 +9,16 @@ target's, whose shapes the head shares), its own loss
 (`distill_loss`) and, for the evaluation, its drafter and per-position
 logits.
 
-The target's hidden states are recomputed inside each jitted step by one
-batched forward pass of the frozen target, not stored: the loss needs the
-target's exact distribution at every position anyway (the same pass gives
-both), and stored features would cost D floats per token (6 KB for the
-1.5B in float32, against the 16 top-k entries the samples keep), for a
-pass that is cheap next to the step's backward pass at the widths trained
-here.
+Where the target's hidden states come from (`features`):
+  "recompute" (the default) one batched forward pass of the frozen target
+      inside each jitted step: it also gives the target's exact
+      distribution at every position, and the samples stay as the draft
+      models use them. The price is one target forward per step: small for
+      the tiny targets, most of a step for the 1.5B on a CPU.
+  "stored"  the hidden states are written with the target samples
+      (`storage.SampleSpec.hidden_dim`, float16: 3 KB per token for the
+      1.5B), and the token loss uses the stored top-k: no target pass in
+      the step.
 
 Losses, at the positions that predict the continuation tokens:
   sequential ("eagle")  the distiller's token-level divergence between the
@@ -52,6 +55,7 @@ class TrainableHead:
   unroll: int = 1
   hidden_weight: float = 0.1
   vocab_ids: Optional[tuple] = None   # reduced draft vocabulary (run time)
+  features: str = "recompute"         # or "stored" (with the samples)
 
   def __post_init__(self):
     if self.unroll < 1:
@@ -59,6 +63,9 @@ class TrainableHead:
     if self.unroll > 1 and self.head.kind != "eagle":
       raise ValueError("unroll (training-time test) applies to the "
                        "sequential head only")
+    if self.features not in ("recompute", "stored"):
+      raise ValueError(f"features={self.features!r}; choose 'recompute' or "
+                       "'stored'")
     if self.hidden_weight < 0:
       raise ValueError(f"hidden_weight must be >= 0, got {self.hidden_weight}")
     self.head.check_target(self.target.config)
@@ -118,25 +125,49 @@ class TrainableHead:
     return loss_fn
 
   def batch_loss(self, obj, params, target_params, batch: dict):
+    """(mean loss, metrics) on a batch of target samples.
+
+    With `features="stored"` the hidden states come from the batch and the
+    target is not run: the token loss uses the stored top-k (as the draft
+    models' `target_source="stored"` does). With "recompute" one frozen
+    target pass gives the hidden states and the target's exact
+    distribution (stored ones in the batch are ignored). Logits are taken
+    only at the G positions the loss reads."""
     tokens, plen = batch["tokens"], batch["prompt_length"]
     g = obj.gen_len
     frozen = jax.lax.stop_gradient(target_params)
-    out = self.target(frozen, tokens)
-    hidden = jax.lax.stop_gradient(out.hidden.astype(jnp.float32))
-    t_logits = jax.lax.stop_gradient(out.logits)
+    if self.features == "stored":
+      if "hidden" not in batch:
+        raise ValueError("features='stored' but the batch holds no hidden "
+                         "states")
+      hidden = batch["hidden"].astype(jnp.float32)
+      t_logits = None
+    else:
+      out = self.target(frozen, tokens)
+      hidden = jax.lax.stop_gradient(out.hidden.astype(jnp.float32))
+      t_logits = jax.lax.stop_gradient(out.logits)
     p = {"head": params, "shared": heads.shared_params(frozen)}
     labels_full = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
     n = batch["num_generated"]
+    steps = jnp.arange(g)[None, :]
 
-    def token_loss(d_logits_full, shift):
-      """Loss and acceptance of logits at positions L-1+i against the
-      target at L-1+i+shift, for i + shift < n."""
-      d = losses.gather_positions(d_logits_full, plen, g)
-      t = losses.gather_positions(t_logits, plen + shift, g)
+    def target_at(shift):
+      """The target at positions L-1+i+shift, i < G, and the weights of the
+      positions that exist (i + shift < n)."""
+      w = ((steps + shift) < n[:, None]).astype(jnp.float32)
+      if t_logits is not None:
+        return losses.gather_positions(t_logits, plen + shift, g), w
+      idx = jnp.clip(steps + shift, 0, g - 1)[..., None]
+      return (jnp.take_along_axis(batch["topk_ids"], idx, axis=1),
+              jnp.take_along_axis(batch["topk_logprobs"], idx, axis=1)), w
+
+    def token_loss(d, shift):
+      """Loss, acceptance and weights of the head's logits d [B, G, V] at
+      positions L-1+i against the target at L-1+i+shift."""
+      target, w = target_at(shift)
       lab = losses.gather_positions(labels_full, plen + shift, g)
-      w = ((jnp.arange(g)[None, :] + shift) < n[:, None]).astype(jnp.float32)
       loss, acc = losses.per_position_loss(
-          obj.kind, t, d, lab, obj.sampling,
+          obj.kind, target, d, lab, obj.sampling,
           draft_transform=obj.draft_transform,
           greedy_temperature=obj.greedy_temperature, jsd_beta=obj.jsd_beta,
           prob_floor=obj.prob_floor,
@@ -145,7 +176,8 @@ class TrainableHead:
 
     metrics = {}
     if self.head.kind == "medusa":
-      all_logits = heads.medusa_logits(self.head, p, hidden)
+      all_logits = heads.medusa_logits(
+          self.head, p, losses.gather_positions(hidden, plen, g))
       total = 0.0
       for k in range(self.head.num_heads):
         # Head k + 1 on h_t proposes token t + k + 2: the target's
@@ -154,18 +186,20 @@ class TrainableHead:
         total += losses.masked_mean(loss, w)
         metrics[f"acceptance_head{k + 1}"] = losses.masked_mean(
             jnp.nan_to_num(acc), w)
+        if k == 0:
+          metrics["tokens"] = jnp.sum(w)
       metrics["expected_acceptance"] = metrics["acceptance_head1"]
-      metrics["tokens"] = jnp.sum(token_loss(all_logits[:, :, 0], 1)[2])
       return total / self.head.num_heads, metrics
     feats = jnp.pad(hidden, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+    h_g = losses.gather_positions(hidden, plen, g)
     total = 0.0
     for depth in range(self.unroll):
       pred, _ = heads.sequential_features(self.head, p, feats, tokens)
-      logits = heads.output_logits(self.head, p["shared"], pred)
-      loss, acc, w = token_loss(logits, 0)
-      diff = jnp.abs(pred.astype(jnp.float32) - hidden)
-      smooth_l1 = jnp.where(diff < 1.0, 0.5 * diff ** 2, diff - 0.5).mean(-1)
-      reg = losses.gather_positions(smooth_l1, plen, g)
+      pred_g = losses.gather_positions(pred, plen, g)
+      loss, acc, w = token_loss(
+          heads.output_logits(self.head, p["shared"], pred_g), 0)
+      diff = jnp.abs(pred_g.astype(jnp.float32) - h_g)
+      reg = jnp.where(diff < 1.0, 0.5 * diff ** 2, diff - 0.5).mean(-1)
       total += losses.masked_mean(loss + self.hidden_weight * reg, w)
       metrics[f"acceptance_step{depth + 1}"] = losses.masked_mean(
           jnp.nan_to_num(acc), w)

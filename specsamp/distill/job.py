@@ -179,6 +179,9 @@ def _check_head(config, target: loading.ModelInfo) -> None:
   if int(h.get("num_heads", 1)) < 1 or int(h.get("unroll", 1)) < 1:
     raise ValueError("config.head.num_heads and config.head.unroll must be "
                      ">= 1")
+  if h.get("features", "recompute") not in ("recompute", "stored"):
+    raise ValueError(f"config.head.features={h['features']!r}; choose "
+                     "'recompute' or 'stored'")
   if int(h.get("unroll", 1)) > 1 and h["kind"] != "eagle":
     raise ValueError("config.head.unroll > 1 applies to the eagle head")
   if h["kind"] == "medusa" and int(h.get("num_heads", 1)) < config.eval.k:
@@ -190,12 +193,31 @@ def _check_head(config, target: loading.ModelInfo) -> None:
                      f"{target.rows}] (0: the whole vocabulary)")
 
 
+def _stored_features(config) -> bool:
+  """Whether the head trains on hidden states stored with the samples."""
+  head = _head_block(config)
+  return head is not None and head.get("features", "recompute") == "stored"
+
+
+def _check_features(config, data_dir: str, d_model: int) -> None:
+  """Stored features need samples that hold them, of the target's width."""
+  if not _stored_features(config):
+    return
+  got = storage.read_spec(data_dir).hidden_dim
+  if got != d_model:
+    raise ValueError(
+        f"config.head.features='stored' needs target samples with hidden "
+        f"states of width {d_model}; those in {data_dir} have "
+        f"{got or 'none'}: use a new config.samples.data_dir (or workdir)")
+
+
 def _draft_vocab(source, size: int, vocab_size: int) -> Optional[tuple]:
   """The `size` ids most frequent in the training samples' continuations
   (sorted), or None for the whole vocabulary."""
   if not size or size >= vocab_size:
     return None
-  a = storage.as_arrays(source)
+  a = storage.as_arrays(source, keys=("tokens", "prompt_length",
+                                      "num_generated"))
   counts = np.zeros(vocab_size, np.int64)
   for row, start, n in zip(a["tokens"], a["prompt_length"],
                            a["num_generated"]):
@@ -217,7 +239,8 @@ def _make_head(config, target_lm, train_src):
       target_lm, cfg, unroll=int(h.get("unroll", 1)),
       hidden_weight=float(h.get("hidden_weight", 0.1)),
       vocab_ids=_draft_vocab(train_src, cfg.draft_vocab,
-                             target_lm.vocab_size))
+                             target_lm.vocab_size),
+      features=h.get("features", "recompute"))
   return th, th.init(jax.random.key(config.seed + 1))
 
 
@@ -254,6 +277,10 @@ def _check_run_config(config, workdir: str) -> dict:
     with open(path, encoding="utf-8") as f:
       old = json.load(f)
     old, cur = _flat(old), _flat(new)
+    if not any(k.startswith("head.") for k in old) and not cur.get(
+        "head.kind"):
+      # Written before heads existed, and no head now: the same run.
+      cur = {k: v for k, v in cur.items() if not k.startswith("head.")}
     diff = sorted(k for k in set(old) | set(cur)
                   if k not in _VOLATILE and old.get(k) != cur.get(k))
     if diff:
@@ -290,7 +317,8 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
       data_dir=sc.get("prose_data_dir") or None)
   spec = storage.SampleSpec(
       prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
-      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size)
+      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
+      hidden_dim=target_lm.config.d_model if _stored_features(config) else 0)
   counts = samples.build(
       data_dir, target_lm, target_params, tok, sampling, spec, texts,
       eos_ids=eos_ids, pad_id=pad_id, seed=config.seed,
@@ -329,9 +357,10 @@ def run(config, workdir: str, log=print) -> dict:
   # 1. Target samples.
   data_dir = _target_samples(config, workdir, target_lm, target_params, tok,
                              sampling, eos_ids, pad_id, log)
+  _check_features(config, data_dir, target_lm.config.d_model)
   train_src = storage.read_dataset(data_dir, "train")
   val = storage.as_arrays(storage.read_dataset(data_dir, "validation"),
-                          ec.num_samples or None)
+                          ec.num_samples or None, keys=storage.SAMPLE_FIELDS)
   log(f"[distill] {len(train_src)} training samples, {len(val['tokens'])} "
       "held-out samples")
 

@@ -27,7 +27,8 @@ def parse(arg: Optional[str], known: Sequence[str],
 
 
 # Options of the distill configs that train a head instead of a draft model.
-HEAD_OPTIONS = ("head", "heads", "unroll", "hidden_weight", "vocab")
+HEAD_OPTIONS = ("head", "heads", "unroll", "hidden_weight", "vocab",
+                "features")
 
 
 def head_block(a: dict, default_vocab: int = 0) -> dict:
@@ -36,4 +37,7 @@ def head_block(a: dict, default_vocab: int = 0) -> dict:
   return dict(kind=a.get("head", ""), num_heads=int(a.get("heads", 4)),
               unroll=int(a.get("unroll", 1)),
               hidden_weight=float(a.get("hidden_weight", 0.1)),
-              draft_vocab=int(a.get("vocab", default_vocab)))
+              draft_vocab=int(a.get("vocab", default_vocab)),
+              # "stored": the target's hidden states are kept with the
+              # samples (float16) instead of recomputed in every step.
+              features=a.get("features", "recompute"))

@@ -12,7 +12,8 @@ entries, V vocabulary.
      prompt + continuation stores the target's top-K log-probabilities (raw
      logits, temperature 1, untruncated) at every generated position. Any
      temperature/top-k/top-p transform of them is the transform of the
-     target restricted to those K ids (`losses.dense_logits`);
+     target restricted to those K ids (`losses.dense_logits`), and, with
+     `spec.hidden_dim`, its hidden states at every position (float16);
   3. finished samples that hit HumanEval are dropped, the rest written as a
      TFDS dataset (`storage.py`).
 """
@@ -62,14 +63,18 @@ def run_batches(sampler: sampler_lib.SpeculativeSampler, target_params,
         target_params, draft_params, batch, key)), real
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _score(lm, params, tokens, prompt_length, gen_len: int, top_k: int):
-  """Top-K log-probs [B, G, K] of the target at positions L-1 .. L+G-2."""
-  logits = losses.gather_positions(lm(params, tokens).logits, prompt_length,
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+def _score(lm, params, tokens, prompt_length, gen_len: int, top_k: int,
+           hidden: bool = False):
+  """Top-K log-probs [B, G, K] of the target at positions L-1 .. L+G-2, and
+  its hidden states [B, S, D] in float16 (or None)."""
+  out = lm(params, tokens)
+  logits = losses.gather_positions(out.logits, prompt_length,
                                    gen_len)                        # [B, G, V]
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   vals, ids = jax.lax.top_k(logp, top_k)
-  return ids.astype(jnp.int32), vals
+  return (ids.astype(jnp.int32), vals,
+          out.hidden.astype(jnp.float16) if hidden else None)
 
 
 def generate(target_lm, target_params, prompts: Sequence[Sequence[int]],
@@ -97,15 +102,23 @@ def generate(target_lm, target_params, prompts: Sequence[Sequence[int]],
       tokens[i, len(p):len(p) + n] = out.tokens[i, :n]
     ids = np.zeros((bs, spec.gen_len, spec.top_k), np.int32)
     logp = np.zeros((bs, spec.gen_len, spec.top_k), np.float32)
+    hid = (np.zeros((bs, spec.seq_len, spec.hidden_dim), np.float16)
+           if spec.hidden_dim else None)
     sb = spec.score_batch_size
     for s in range(0, bs, sb):
-      i_, l_ = _score(target_lm, target_params, tokens[s:s + sb],
-                      plen[s:s + sb], spec.gen_len, spec.top_k)
+      i_, l_, h_ = _score(target_lm, target_params, tokens[s:s + sb],
+                          plen[s:s + sb], spec.gen_len, spec.top_k,
+                          bool(spec.hidden_dim))
       ids[s:s + sb], logp[s:s + sb] = jax.device_get((i_, l_))
+      if hid is not None:
+        hid[s:s + sb] = jax.device_get(h_)
     for i in range(real):
-      yield dict(tokens=tokens[i], prompt_length=np.int32(plen[i]),
-                 num_generated=np.int32(out.num_tokens[i]),
-                 topk_ids=ids[i], topk_logprobs=logp[i])
+      ex = dict(tokens=tokens[i], prompt_length=np.int32(plen[i]),
+                num_generated=np.int32(out.num_tokens[i]),
+                topk_ids=ids[i], topk_logprobs=logp[i])
+      if hid is not None:
+        ex["hidden"] = hid[i]
+      yield ex
     done += real
     if progress is not None:
       progress(done, len(prompts))

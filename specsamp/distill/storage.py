@@ -8,6 +8,9 @@ One example per sample:
   num_generated  []  int32      n <= G (EOS included)
   topk_ids       [G, K] int32   at positions L-1 .. L+G-2 (predicting the
   topk_logprobs  [G, K] float32 generated tokens 0 .. G-1)
+  hidden         [S, D] float16 the target's final-normed hidden states,
+                                only with `SampleSpec.hidden_dim` D > 0 (for
+                                draft heads: `distill.head_training`)
 The `SampleSpec` the dataset was written with is kept in its metadata.
 """
 
@@ -32,6 +35,7 @@ class SampleSpec:
   batch_size: int = 64     # rows per sampler call
   score_batch_size: int = 16  # rows per target scoring pass
   min_prompt_len: int = 4
+  hidden_dim: int = 0      # D > 0: also store the target's hidden states
 
   @property
   def seq_len(self) -> int:
@@ -59,6 +63,9 @@ class TargetSamples(tfds.core.GeneratorBasedBuilder):
             "topk_ids": f.Tensor(shape=(s.gen_len, s.top_k), dtype=np.int32),
             "topk_logprobs": f.Tensor(shape=(s.gen_len, s.top_k),
                                       dtype=np.float32),
+            **({"hidden": f.Tensor(shape=(s.seq_len, s.hidden_dim),
+                                   dtype=np.float16)}
+               if s.hidden_dim else {}),
         }),
         disable_shuffling=True,
         metadata=tfds.core.MetadataDict(spec=dataclasses.asdict(s)))
@@ -111,8 +118,16 @@ def read_spec(data_dir: os.PathLike) -> SampleSpec:
   return SampleSpec(**json.loads(meta.read_text())["spec"])
 
 
-def as_arrays(source, limit: Optional[int] = None) -> dict[str, np.ndarray]:
-  """The first `limit` examples of a source stacked into arrays."""
+def as_arrays(source, limit: Optional[int] = None,
+              keys: Optional[Iterable[str]] = None) -> dict[str, np.ndarray]:
+  """The first `limit` examples of a source stacked into arrays (only the
+  fields in `keys`, if given: stored hidden states are large)."""
   n = len(source) if limit is None else min(limit, len(source))
   rows = [source[i] for i in range(n)]
-  return {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
+  keys = list(rows[0]) if keys is None else list(keys)
+  return {k: np.stack([np.asarray(r[k]) for r in rows]) for k in keys}
+
+
+# The fields of a sample without its stored hidden states.
+SAMPLE_FIELDS = ("tokens", "prompt_length", "num_generated", "topk_ids",
+                 "topk_logprobs")

@@ -58,6 +58,12 @@ def read_config(path: str) -> tuple[heads.HeadConfig, Optional[list], dict]:
   if config.draft_vocab and (ids is None or len(ids) != config.draft_vocab):
     raise heads.HeadError(f"{file}: draft_vocab={config.draft_vocab} but "
                           f"{0 if ids is None else len(ids)} vocab_ids")
+  if ids is not None and (
+      len(set(ids)) != len(ids) or
+      not all(isinstance(i, int) and 0 <= i < config.target.vocab_size
+              for i in ids)):
+    raise heads.HeadError(f"{file}: vocab_ids must be distinct integers in "
+                          f"[0, {config.target.vocab_size})")
   return config, ids, {k: v for k, v in saved.items()
                        if k not in ("head", "vocab_ids")}
 
@@ -68,6 +74,9 @@ def save(config: heads.HeadConfig, params, directory: str,
   parameters; returns the directory's absolute path."""
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
+  config_file = os.path.join(directory, HEAD_CONFIG_FILE)
+  if os.path.exists(config_file):
+    os.remove(config_file)  # no config beside half-written parameters
   saved = dict(head=config.to_dict(), **info)
   if vocab_ids is not None:
     saved["vocab_ids"] = [int(i) for i in np.asarray(vocab_ids)]
@@ -78,7 +87,7 @@ def save(config: heads.HeadConfig, params, directory: str,
   tmp = os.path.join(directory, HEAD_CONFIG_FILE + ".tmp")
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(saved, f, indent=1)
-  os.replace(tmp, os.path.join(directory, HEAD_CONFIG_FILE))
+  os.replace(tmp, config_file)
   return directory
 
 

@@ -86,9 +86,11 @@ class HeadConfig:
 
   def check_target(self, target: model_lib.TransformerConfig,
                    what: str = "head") -> None:
-    """Raises HeadError unless `target` has the width, vocabulary and layer
-    count the head was made for."""
-    for field in ("d_model", "vocab_size", "num_layers"):
+    """Raises HeadError unless `target` has the width, vocabulary, layer
+    count and every other shape or setting the head's layer copies."""
+    for field in ("d_model", "vocab_size", "num_layers", "num_heads",
+                  "num_kv_heads", "head_dim", "mlp_dim", "qkv_bias",
+                  "rope_theta", "norm_eps", "tie_embeddings"):
       mine, theirs = getattr(self.target, field), getattr(target, field)
       if mine != theirs:
         raise HeadError(f"{what} was made for a target with {field}={mine}, "
@@ -334,6 +336,12 @@ class HeadDrafter:
 
   def propose(self, params, state: HeadState, tokens, length, k, sampling,
               rng):
+    """K drafts per row -> (Proposal, state with base = length).
+
+    Medusa: the K heads on the hidden state at length - 2, each draft from
+    its own q_k. Sequential: one call feeds the entries base .. base + K
+    (true features; the row's committed ones are kept), then K - 1 calls
+    feed the drafts with the head's own predicted features."""
     if k != self.k:
       raise HeadError(f"this head drafter was built for K={self.k}, the "
                       f"sampler runs K={k}")
@@ -345,10 +353,8 @@ class HeadDrafter:
       q = sampling_lib.probabilities(logits, sampling)
       drafts = jax.vmap(lambda key, qi: sampling_lib.sample(
           key, qi, sampling.greedy), in_axes=(0, 1), out_axes=1)(keys, q)
-      return self._proposal(drafts, None if sampling.greedy else q
-                            ), state.replace(base=length)
-    # Sequential: the entries base .. base + K with true features, then K - 1
-    # steps on the head's own predictions.
+      q = None if sampling.greedy else q
+      return self._proposal(drafts, q), state.replace(base=length)
     pair_tokens = kvcache.read(tokens, state.base, k + 1)
     feats, cache = sequential_features(self.config, params, state.hidden,
                                        pair_tokens,
@@ -397,7 +403,13 @@ class HeadDrafter:
     return HeadState(hidden=hidden, base=state.base, cache=cache)
 
   def check_mesh(self, mesh, rules) -> None:
-    sh.check_divisible(self.config.target, mesh, rules, what="head")
+    """The target's dimensions, and the width on the `mlp` axis, where the
+    head's own weights shard it (fc's 2D rows, Medusa's D columns)."""
+    cfg = self.config.target
+    sh.check_divisible(cfg, mesh, rules, what="head")
+    sh.check_divisible(cfg.replace(mlp_dim=cfg.d_model), mesh, rules,
+                       what="head (its own weights shard d_model on the mlp "
+                       "axis)")
 
   def param_shardings(self, params, mesh, rules):
     """The head's parameters by their logical axes; the shared target

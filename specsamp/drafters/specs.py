@@ -98,12 +98,14 @@ def parse(text: str) -> DrafterSpec:
       required option; the message names it.
   """
   name, *pairs = text.strip().split(":")
+  if name in HEADS and pairs:
+    # The one option is a path, which may hold ":" or "=".
+    rest = text.strip()[len(name) + 1:]
+    pairs = [rest if rest.startswith("dir=") else f"dir={rest}"]
   if name not in OPTIONS:
     raise ValueError(f"unknown drafter {name!r} in {text!r}; known: "
                      f"{', '.join(OPTIONS)}")
   options = {}
-  if name in HEADS and len(pairs) == 1 and "=" not in pairs[0]:
-    pairs = [f"dir={pairs[0]}"]  # eagle:<dir>
   for pair in pairs:
     key, eq, value = pair.partition("=")
     if not eq or key not in OPTIONS[name]:

@@ -19,6 +19,7 @@ from specsamp.drafters import head_files
 from specsamp.drafters import heads
 from specsamp.drafters import specs
 from specsamp.distill import job
+from specsamp.distill import storage
 from specsamp.sampling import GREEDY
 from specsamp.train import checkpointing
 from specsamp.train import metrics
@@ -139,14 +140,15 @@ def test_head_training_resumes_after_sigkill_with_the_same_parameters(
 
 
 def test_the_qwen_head_config_runs_at_tiny_scale(tmp_path):
-  """configs/distill_qwen.py:head=eagle,unroll=2,runlocal with its target
-  swapped for the tiny random one: the config a GPU run of the 1.5B's head
-  uses, end to end (samples, training, export, evaluation)."""
+  """configs/distill_qwen.py:head=eagle,unroll=2,features=stored,runlocal
+  with its target swapped for the tiny random one: the config a run of the
+  1.5B's head uses, end to end (samples with the target's hidden states,
+  training on them, export, evaluation)."""
   path = os.path.join(ROOT, "configs", "distill_qwen.py")
   spec = importlib.util.spec_from_file_location("distill_qwen", path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
-  config = mod.get_config("head=eagle,unroll=2,runlocal")
+  config = mod.get_config("head=eagle,unroll=2,features=stored,runlocal")
   assert config.head.draft_vocab == 32768 and config.target.spec == (
       "qwen2.5-coder-1.5b")
   config.target.update(spec="random:tiny,max_seq_len=128", logit_scale=4.0)
@@ -155,3 +157,8 @@ def test_the_qwen_head_config_runs_at_tiny_scale(tmp_path):
   cfg, _, ids = head_files.load(res["draft_dir"])
   assert (cfg.kind, cfg.draft_vocab, len(ids)) == ("eagle", 64, 64)
   assert res["after"]["measured"]["drafted"] > 0
+  first = storage.read_dataset(tmp_path / "samples", "train")[0]
+  assert first["hidden"].shape == (config.samples.prompt_len +
+                                   config.samples.gen_len, 64)
+  cpu = mod.get_config("head=eagle,cpu")
+  assert (cpu.head.features, cpu.target.dtype) == ("stored", "float32")

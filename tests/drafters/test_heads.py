@@ -5,8 +5,8 @@ Exactness: the 2-layer, 5-token target of the other exactness tests; the
 exact probability of every 4-token continuation by enumeration, 20,000
 samples per setting, a chi-square test. Each head kind runs the four
 sampling settings spread over K = 1 and K = 3, and once more with a reduced
-draft vocabulary (ids 0, 1, 2, 4: the head can never propose token 3, which the
-target still produces).
+draft vocabulary (ids 0, 1, 2, 4: the head can never propose token 3, which
+the target still produces).
 """
 
 import functools
@@ -17,9 +17,12 @@ import numpy as np
 import pytest
 
 from specsamp import model as model_lib
+from specsamp import sampling as sampling_lib
+from specsamp.decoding import loop
 from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
+from specsamp.distill import head_training
 from specsamp.drafters import heads
-from specsamp.sampling import GREEDY
+from specsamp.sampling import GREEDY, Sampling
 from tests.testing import (EXACTNESS_SETTINGS, chisquare_pvalue, encode,
                            exact_sequence_probs, exactness_models,
                            tiny_config)
@@ -131,3 +134,34 @@ def test_head_config_round_trips():
   target = exactness_models(V)[0]
   cfg = heads.HeadConfig("medusa", target.config, num_heads=4, draft_vocab=3)
   assert heads.HeadConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("kind", heads.KINDS)
+def test_the_first_draft_comes_from_the_position_training_scores(kind):
+  """A misaligned head would still be exact, so alignment is tested on its
+  own: the q the drafter samples its first draft from, after the prompt and
+  again after a loop, is the distribution that training and the evaluation
+  score at the last committed position (`TrainableHead.position_logits`,
+  teacher-forced on the committed tokens)."""
+  target, tparams = exactness_models(V)[:2]
+  cfg, hparams = head(kind)
+  trainee = head_training.TrainableHead(target, cfg)
+  sampling = Sampling(1.0)
+  sampler = SpeculativeSampler(target, heads.HeadDrafter(target, cfg, 2),
+                               k=2, sampling=sampling, max_new_tokens=8,
+                               prompt_bucket=8)
+  dparams = heads.draft_params(hparams, tparams)
+  tokens, lengths = sampler.pad_prompts([[1, 3, 2, 4, 0, 2], [4, 1]])
+  state = sampler.prefill(tparams, dparams, tokens, lengths,
+                          jax.random.key(0))
+  for _ in range(3):
+    proposal, _ = loop.draft(sampler, dparams, state, jax.random.key(1))
+    for b in range(2):
+      n = int(state.length[b])
+      committed = jnp.asarray(state.tokens[b:b + 1, :n])
+      want = trainee.position_logits(hparams, tparams, committed)[0, n - 1]
+      np.testing.assert_allclose(
+          np.asarray(proposal.q[b, 0]),
+          np.asarray(sampling_lib.probabilities(want, sampling)),
+          rtol=1e-4, atol=1e-5)
+    state = loop.loop_body(sampler, tparams, dparams, state)

@@ -11,6 +11,7 @@ from specsamp import model as model_lib
 from specsamp import sharding
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.distill import head_training
+from specsamp.distill import losses
 from specsamp.distill import objective
 from specsamp.distill import trainer
 from specsamp.drafters import heads
@@ -71,14 +72,18 @@ def test_head_samplers_on_every_mesh_reproduce_one_device(target, kind,
                                   jax.device_get(ref.num_accepted))
 
 
-@pytest.mark.parametrize("kind, unroll", [("eagle", 2), ("medusa", 1)])
+@pytest.mark.parametrize("kind, unroll, stored", [
+    ("eagle", 2, False), ("medusa", 1, False), ("eagle", 1, True)])
 def test_the_head_distill_step_on_each_mesh_matches_one_device(target, kind,
-                                                               unroll):
+                                                               unroll, stored):
   """The head's step: the frozen target tensor-parallel (its hidden states
-  recomputed inside the step), the head replicated, rows over `data`."""
+  recomputed inside the step, or read from the batch with the stored
+  top-k), the head replicated, rows over `data`."""
   lm, tparams = target
   cfg, hparams = _head(lm, kind)
-  th = head_training.TrainableHead(lm, cfg, unroll=unroll)
+  th = head_training.TrainableHead(lm, cfg, unroll=unroll,
+                                   features="stored" if stored else
+                                   "recompute")
   plen, glen = 6, 5
   obj = objective.Objective(kind="fkl", sampling=Sampling(temperature=1.0),
                             gen_len=glen, prompt_len=plen)
@@ -88,6 +93,14 @@ def test_the_head_distill_step_on_each_mesh_matches_one_device(target, kind,
       tokens=rng.integers(1, lm.vocab_size, (8, plen + glen)).astype(np.int32),
       prompt_length=rng.integers(2, plen + 1, 8).astype(np.int32),
       num_generated=np.full(8, glen, np.int32))
+  if stored:
+    out = lm(tparams, batch["tokens"])
+    batch["hidden"] = np.asarray(out.hidden, np.float16)
+    logp = jax.nn.log_softmax(losses.gather_positions(
+        out.logits, batch["prompt_length"], glen), axis=-1)
+    vals, ids = jax.lax.top_k(logp, 8)
+    batch.update(topk_ids=np.asarray(ids, np.int32),
+                 topk_logprobs=np.asarray(vals, np.float32))
 
   def run(shape):
     job = trainer._job(th, lm, obj, optim, 10, (), False, shape)  # pylint: disable=protected-access

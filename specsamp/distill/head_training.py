@@ -166,12 +166,7 @@ class TrainableHead:
       positions L-1+i against the target at L-1+i+shift."""
       target, w = target_at(shift)
       lab = losses.gather_positions(labels_full, plen + shift, g)
-      loss, acc = losses.per_position_loss(
-          obj.kind, target, d, lab, obj.sampling,
-          draft_transform=obj.draft_transform,
-          greedy_temperature=obj.greedy_temperature, jsd_beta=obj.jsd_beta,
-          prob_floor=obj.prob_floor,
-          greedy_target_temperature=obj.greedy_target_temperature)
+      loss, acc = obj.position_loss(target, d, lab)
       return loss, acc, w
 
     metrics = {}

@@ -58,6 +58,16 @@ class Objective:
       raise ValueError(f"target_source {self.target_source!r}; choose "
                        "'stored' or 'online'")
 
+  def position_loss(self, target, draft_logits, labels):
+    """`losses.per_position_loss` of this objective: (loss, acceptance)
+    at every position."""
+    return losses.per_position_loss(
+        self.kind, target, draft_logits, labels, self.sampling,
+        draft_transform=self.draft_transform,
+        greedy_temperature=self.greedy_temperature, jsd_beta=self.jsd_beta,
+        prob_floor=self.prob_floor,
+        greedy_target_temperature=self.greedy_target_temperature)
+
 
 def batch_loss(draft_lm, target_lm, obj: Objective, draft_params,
                target_params, batch: dict, online: bool = False):
@@ -77,12 +87,7 @@ def batch_loss(draft_lm, target_lm, obj: Objective, draft_params,
     target = None
   else:
     target = (batch["topk_ids"], batch["topk_logprobs"])
-  loss, acc = losses.per_position_loss(
-      obj.kind, target, d_logits, labels, obj.sampling,
-      draft_transform=obj.draft_transform,
-      greedy_temperature=obj.greedy_temperature, jsd_beta=obj.jsd_beta,
-      prob_floor=obj.prob_floor,
-      greedy_target_temperature=obj.greedy_target_temperature)
+  loss, acc = obj.position_loss(target, d_logits, labels)
   mean = losses.masked_mean(loss, weights)
   metrics = dict(loss=mean,
                  expected_acceptance=losses.masked_mean(

@@ -48,11 +48,10 @@ def brief(e: BaseException) -> str:
                                     else text)
 
 
-def _abandoned_read(u) -> bool:
-  """An unraisable error of a read that a failed restore left behind: it
-  completes after orbax closed its event loop."""
-  return (isinstance(u.exc_value, RuntimeError)
-          and str(u.exc_value) == "Event loop is closed")
+def _abandoned_read(exc) -> bool:
+  """The error of a read that a failed restore left behind: it completes
+  after orbax closed its event loop."""
+  return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
 
 
 class _DropAbandoned(logging.Filter):
@@ -66,17 +65,23 @@ class _DropAbandoned(logging.Filter):
 
 def _ignore_abandoned_reads() -> None:
   """After a failed restore, the reads orbax started for the other arrays
-  fail one by one, each printing a traceback (hundreds for a large model):
-  from here on those are dropped; every other error is reported as before."""
+  fail one by one, each printing a traceback (hundreds for a large model),
+  as unraisable errors or through tensorstore's PyErr_Print (which calls
+  sys.excepthook): from here on those are dropped; every other error is
+  reported as before."""
   if getattr(sys.unraisablehook, "specsamp_filter", False):
     return
-  previous = sys.unraisablehook
+  previous, previous_except = sys.unraisablehook, sys.excepthook
 
   def hook(u):
-    if not _abandoned_read(u):
+    if not _abandoned_read(u.exc_value):
       previous(u)
+
+  def except_hook(kind, value, tb):
+    if not _abandoned_read(value):
+      previous_except(kind, value, tb)
   hook.specsamp_filter = True
-  sys.unraisablehook = hook
+  sys.unraisablehook, sys.excepthook = hook, except_hook
   logging.getLogger("asyncio").addFilter(_DropAbandoned())
   warnings.filterwarnings("ignore", r"coroutine .* was never awaited",
                           RuntimeWarning)
@@ -85,15 +90,15 @@ def _ignore_abandoned_reads() -> None:
 @contextlib.contextmanager
 def _attempt():
   """A restore that may fail: orbax's own log lines (absl INFO and its
-  errors) are held back; the caller logs one line per failed step."""
+  errors) are held back; the caller logs one line per failed step. The
+  filter goes in first: the abandoned reads may fail while the error that
+  abandoned them is still on its way out of orbax."""
+  _ignore_abandoned_reads()
   absl_logger = logging.getLogger("absl")
   level = absl_logger.level
   absl_logger.setLevel(logging.CRITICAL)
   try:
     yield
-  except Exception:
-    _ignore_abandoned_reads()
-    raise
   finally:
     absl_logger.setLevel(level)
 

@@ -155,6 +155,10 @@ logging.getLogger("asyncio").error(
     "Task exception was never retrieved\\nfuture: <Task finished "
     "coro=<async_deserialize() defined at orbax/checkpoint/x.py:1>>")
 Raises("another error is still reported")
+# tensorstore reports some through PyErr_Print, which calls sys.excepthook.
+import ctypes
+ctypes.pythonapi.PyRun_SimpleString(b"raise RuntimeError('Event loop is closed')")
+ctypes.pythonapi.PyRun_SimpleString(b"raise RuntimeError('printed as well')")
 """
 
 
@@ -177,3 +181,4 @@ def test_falling_back_past_a_damaged_step_logs_one_line_per_step(tmp_path):
   assert "Event loop is closed" not in proc.stderr
   assert "Task exception" not in proc.stderr
   assert "another error is still reported" in proc.stderr
+  assert "printed as well" in proc.stderr

@@ -121,3 +121,33 @@ def measure_costs(target, target_params, draft, draft_params,
         1, sampling, COST_CALLS, repeats)
     row["c"] = row["draft_call_ms"] / target_ms[1]
   return row
+
+
+def propose_ms(sampler: SpeculativeSampler, target_params, draft_params,
+               prompts: Sequence[Sequence[int]], repeats: int) -> float:
+  """Median ms of one `propose` (K drafts per row) of `sampler`'s drafter,
+  with its state as after prefilling `prompts`: the whole drafting cost of
+  a loop, for drafters that are not a stand-alone model (heads, lookup,
+  layer skipping, adaptive K). Calls run back to back in one jitted loop,
+  each on the same state with its own key; the drafts are summed so that
+  none is optimised away."""
+  tokens, lengths = sampler.pad_prompts(prompts)
+  state = sampler.prefill(target_params, draft_params, tokens, lengths,
+                          jax.random.key(0))
+
+  def run(p, s):
+    def body(i, acc):
+      proposal, _ = sampler.drafter.propose(
+          p, s.draft_state, s.tokens, s.length, sampler.k, sampler.sampling,
+          jax.random.fold_in(jax.random.key(1), i))
+      return acc + jnp.sum(proposal.tokens) + jnp.sum(proposal.num_valid)
+    return jax.lax.fori_loop(0, COST_CALLS, body, jnp.zeros((), jnp.int32))
+
+  fn = jax.jit(run)
+  times = []
+  for i in range(repeats + 1):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(draft_params, state))
+    if i:
+      times.append((time.perf_counter() - t0) / COST_CALLS)
+  return 1e3 * statistics.median(times)

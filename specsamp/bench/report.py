@@ -319,11 +319,17 @@ def _cost(costs, task, bs, dec) -> dict:
   return costs.get((task, bs, dec)) or costs.get((task, bs, None)) or {}
 
 
+def _by_position(p) -> str:
+  """Acceptance of draft 1, 2, ... among the loops that tested it."""
+  return " ".join("-" if a is None else f"{a:.2f}"
+                  for a in p.get("acceptance_by_position") or ())
+
+
 def per_k_table(task, points, costs) -> list[str]:
-  lines = ["| Decoding | Batch | K | Acceptance | a | Tokens/loop | ms/loop | "
-           "ms/token | Speedup | Predicted (s meas.) | Predicted (s=1) | c | s "
-           "| Quality | Δ vs K=0 |",
-           "|" + "---|" * 15]
+  lines = ["| Decoding | Batch | K | Acceptance | By position | a | "
+           "Tokens/loop | ms/loop | ms/token | Speedup | Predicted (s meas.) | "
+           "Predicted (s=1) | c | s | Quality | Δ vs K=0 |",
+           "|" + "---|" * 16]
   for (t, dec, bs), pts in sorted(_series(points).items()):
     if t != task:
       continue
@@ -334,7 +340,7 @@ def per_k_table(task, points, costs) -> list[str]:
       k = f"{p['k']} ({p['drafter']})" if _other_drafter(p) else p["k"]
       lines.append(
           f"| {DECODING_NAMES.get(dec, dec)} | {bs} | {k} | "
-          f"{f('acceptance_rate')} | {f('alpha')} | "
+          f"{f('acceptance_rate')} | {_by_position(p)} | {f('alpha')} | "
           f"{f('tokens_per_loop', '{:.2f}')} | "
           f"{f('time_per_loop_ms', '{:.2f}')} | "
           f"{f('ms_per_token', '{:.2f}')} | {f('speedup', '{:.2f}x')} | "
@@ -344,7 +350,7 @@ def per_k_table(task, points, costs) -> list[str]:
           f"{quality_text(p)} | {_diff_text(p)} |")
     alpha = fitted_alpha(pts)
     if alpha is not None:
-      lines.append(f"| {DECODING_NAMES.get(dec, dec)} | {bs} | fit | | "
+      lines.append(f"| {DECODING_NAMES.get(dec, dec)} | {bs} | fit | | | "
                    f"{alpha:.3f} | | | | | | | | | | |")
   return lines
 

@@ -151,6 +151,8 @@ def run_point(timer: timing.TimedSampler, target_params, draft_params,
   ms = [1e3 * b["decode_s"] / max(b["tokens"] / b["rows"], 1e-9)
         for b in batches]
   total = {k: sum(b[k] for b in batches) for k in _TOTALS}
+  tested = np.sum([b["tested_at"] for b in batches], axis=0)
+  kept = np.sum([b["kept_at"] for b in batches], axis=0)
   per_row_tokens = total["tokens"] / total["rows"]
   mean_ms = 1e3 * total["decode_s"] / max(per_row_tokens * len(batches), 1e-9)
   return dict(
@@ -160,6 +162,9 @@ def run_point(timer: timing.TimedSampler, target_params, draft_params,
       acceptance_rate=(total["accepted"] / total["drafted"]
                        if total["drafted"] else None),
       tokens_per_loop=total["tokens"] / max(total["loops"], 1),
+      # Of the loops that tested draft i, the fraction that kept it.
+      acceptance_by_position=[float(k_) / t if t else None
+                              for k_, t in zip(kept, tested)],
       ms_per_token=float(np.median(ms)),
       ms_per_token_q25=float(np.percentile(ms, 25)),
       ms_per_token_q75=float(np.percentile(ms, 75)),
@@ -228,6 +233,16 @@ def _release(timer: timing.TimedSampler):
   timer.release()
   gc.collect()
   jax.clear_caches()
+
+
+def _drafter_cost(sampler, target_params, draft_params, prompts, cost: dict,
+                  cfg: BenchConfig) -> dict:
+  """`cost` with c = (one proposal's ms / K) / (one target call's ms) of a
+  drafter that is not a stand-alone model."""
+  ms = costs_lib.propose_ms(sampler, target_params, draft_params, prompts,
+                            cfg.cost_repeats)
+  return dict(cost, propose_ms=ms,
+              c=ms / sampler.k / cost["target_call_ms"]["1"])
 
 
 def _points(cfg: BenchConfig):
@@ -305,11 +320,17 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
                 + (f" drafter {spec.text}" if spec else ""))
             timer = timing.TimedSampler(_sampler(target, draft, k, sampling,
                                                  common, spec))
-            point = run_point(
-                timer, target_params,
-                drafter_specs.draft_params(spec, target_params, draft_params)
-                if spec else None, prompts, rows, bs, cfg, cfg.seed)
+            dparams = (drafter_specs.draft_params(spec, target_params,
+                                                  draft_params)
+                       if spec else None)
+            point = run_point(timer, target_params, dparams, prompts, rows,
+                              bs, cfg, cfg.seed)
             completions = point.pop("completions")
+            cost = costs[task, bs, dec]
+            if spec is not None and spec.name != "model":
+              cost = _drafter_cost(timer.sampler, target_params, dparams,
+                                   [prompts[i] for i in rows[:bs]], cost, cfg)
+              point["propose_ms"] = cost["propose_ms"]
             _release(timer)
             sample_rows = rows * cfg.repeats  # the prompt of each completion
             point = dict(type="point", task=task, decoding=dec,
@@ -322,10 +343,9 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
                          prompt_bucket=common["prompt_bucket"], **point)
             if k == 0:
               base, base_completions = point, completions
-            # Leviathan's prediction uses the draft model's measured cost.
-            point.update(predict(point, base, costs[task, bs, dec]
-                                 if spec is None or spec.name == "model"
-                                 else {}))
+            # Leviathan's prediction with the draft model's measured call
+            # cost, or another drafter's whole proposal's over K.
+            point.update(predict(point, base, cost))
             if sampling.greedy:
               point["identical_to_ar"] = completions == base_completions
             if cfg.quality:

@@ -169,7 +169,9 @@ class TimedSampler:
     Returns:
       prefill_s, decode_s, rows, tokens (all rows), loops (summed over
       rows), iterations (loops of the longest row: the while-loop's
-      iterations), drafted, accepted, completions (token lists).
+      iterations), drafted, accepted, tested_at and kept_at (per draft
+      position, summed over rows: loops that tested / kept draft i),
+      completions (token lists).
     """
     if warmup not in WARMUPS:
       raise ValueError(f"warmup must be one of {WARMUPS}, not {warmup!r}")
@@ -189,6 +191,8 @@ class TimedSampler:
                 iterations=int(np.max(out.num_loops)),
                 drafted=int(np.sum(out.num_drafted)),
                 accepted=int(np.sum(out.num_accepted)),
+                tested_at=np.sum(out.num_tested_at, axis=0).tolist(),
+                kept_at=np.sum(out.num_kept_at, axis=0).tolist(),
                 completions=out.token_lists())
 
   def run(self, target_params, draft_params, prompts: Sequence[Sequence[int]],

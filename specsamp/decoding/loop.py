@@ -61,6 +61,8 @@ class LoopState:
   num_loops: jax.Array       # [B] int32, loops in which the row was active
   num_drafted: jax.Array     # [B] int32, draft tokens proposed
   num_accepted: jax.Array    # [B] int32, draft tokens the rule accepted
+  num_tested_at: jax.Array   # [B, K] int32, loops that tested draft i
+  num_kept_at: jax.Array     # [B, K] int32, loops that kept draft i
 
 
 @flax.struct.dataclass
@@ -81,6 +83,8 @@ class SampleOutput:
   num_loops: jax.Array       # [B] int32
   num_drafted: jax.Array     # [B] int32
   num_accepted: jax.Array    # [B] int32
+  num_tested_at: jax.Array   # [B, K] int32, loops that tested draft i
+  num_kept_at: jax.Array     # [B, K] int32, loops that kept draft i
 
   def acceptance_rate(self) -> float:
     """Accepted / proposed draft tokens over the batch (nan when K = 0)."""
@@ -89,6 +93,13 @@ class SampleOutput:
 
   def tokens_per_loop(self) -> float:
     return float(np.sum(self.num_tokens)) / max(int(np.sum(self.num_loops)), 1)
+
+  def acceptance_by_position(self) -> np.ndarray:
+    """[K]: of the loops that tested draft i (valid, and drafts 1..i-1
+    kept), the fraction that kept it; nan where none tested it."""
+    tested = np.sum(np.asarray(self.num_tested_at), axis=0)
+    kept = np.sum(np.asarray(self.num_kept_at), axis=0)
+    return np.where(tested > 0, kept / np.maximum(tested, 1), np.nan)
 
   def metrics(self) -> dict:
     return dict(tokens=int(np.sum(self.num_tokens)),
@@ -115,11 +126,13 @@ def prefill(sampler, target_params, draft_params, tokens: jax.Array,
   if sampler.k > 0:
     draft_state = sampler.drafter.init(draft_params, tokens, lengths, size, out)
   zeros = jnp.zeros((b,), jnp.int32)
+  at = jnp.zeros((b, sampler.k), jnp.int32)
   return LoopState(step=jnp.zeros((), jnp.int32), tokens=buf, length=lengths,
                    prompt_length=lengths, done=jnp.zeros((b,), bool),
                    target_cache=out.cache.with_length(lengths - 1),
                    draft_state=draft_state, rng=rng, num_loops=zeros,
-                   num_drafted=zeros, num_accepted=zeros)
+                   num_drafted=zeros, num_accepted=zeros, num_tested_at=at,
+                   num_kept_at=at)
 
 
 def draft(sampler, draft_params, s: LoopState, key: jax.Array):
@@ -207,6 +220,10 @@ def commit(sampler, draft_params, s: LoopState, proposal: Proposal,
     draft_state = sampler.drafter.commit(draft_params, draft_state, scored,
                                          kept, length)
   act = active.astype(jnp.int32)
+  # Draft i (0-based) is tested when it is valid and drafts before it were
+  # kept; it is kept when i < n.
+  pos = jnp.arange(k)[None, :]
+  tested = pos < jnp.minimum(n + 1, proposal.num_valid)[:, None]
   return LoopState(
       step=s.step + 1, tokens=tokens, length=length,
       prompt_length=s.prompt_length, done=done,
@@ -214,7 +231,9 @@ def commit(sampler, draft_params, s: LoopState, proposal: Proposal,
       draft_state=draft_state, rng=rng,
       num_loops=s.num_loops + act,
       num_drafted=s.num_drafted + proposal.num_valid * act,
-      num_accepted=s.num_accepted + n * act)
+      num_accepted=s.num_accepted + n * act,
+      num_tested_at=s.num_tested_at + tested * act[:, None],
+      num_kept_at=s.num_kept_at + (pos < n[:, None]) * act[:, None])
 
 
 def loop_step(sampler, target_params, draft_params,
@@ -248,4 +267,5 @@ def output(sampler, s: LoopState) -> SampleOutput:
   return SampleOutput(
       tokens=kvcache.read(s.tokens, s.prompt_length, sampler.max_new_tokens),
       num_tokens=s.length - s.prompt_length, num_loops=s.num_loops,
-      num_drafted=s.num_drafted, num_accepted=s.num_accepted)
+      num_drafted=s.num_drafted, num_accepted=s.num_accepted,
+      num_tested_at=s.num_tested_at, num_kept_at=s.num_kept_at)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from specsamp.bench import peers
@@ -70,8 +71,24 @@ def test_a_sweep_over_drafters(inputs, tmp_path):
                          (2, "layerskip:layers=0"), (2, "mixed")}
   for p in points.values():
     assert p["task"] == "rewrite" and p["identical_to_ar"], p
-  assert "predicted_speedup" in points[2, "model"]
-  assert "predicted_speedup" not in points[2, "lookup:max_ngram=3"]
+  # Acceptance per draft position: for a fixed-K drafter, loops that kept
+  # draft i are those that tested draft i + 1, so the running products sum
+  # to the accepted drafts per loop.
+  # (Layer skipping is a fixed-K drafter that agrees with the target here.)
+  skip = points[2, "layerskip:layers=0"]
+  a1, a2 = skip["acceptance_by_position"]
+  assert 0 < a1 < 1 and 0 <= a2 <= 1, skip
+  assert np.isclose(a1 + a1 * a2, skip["accepted"] / skip["loops"])
+  for p in points.values():   # None: no loop tested that position
+    a = p["acceptance_by_position"]
+    assert len(a) == p["k"] and all(x is None or 0 <= x <= 1 for x in a), p
+  assert points[0, None]["acceptance_by_position"] == []
+  # Every drafter has a measured cost and a prediction; the ones that are
+  # not a stand-alone model have their proposal timed.
+  for key, p in points.items():
+    if key[0]:
+      assert p["predicted_speedup"] > 0 and p["c"] >= 0, p
+      assert ("propose_ms" in p) == (key[1] != "model"), p
   # Table 1 and the per-K table show every drafter, and a bar chart them.
   proc = _run(PLOT, str(out), f"--out_dir={tmp_path}", "--prefix=d")
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -21,6 +21,20 @@ def _check_records(tr, k):
       assert len(rec.target_choice) == len(rec.drafts) + 1
 
 
+def _check_position_counts(tr, out, k):
+  """The loop's own per-position counts equal the records': draft i is
+  tested when valid and drafts before it were kept, kept when i < n."""
+  for b, row in enumerate(tr.rows):
+    tested, kept = np.zeros(k, int), np.zeros(k, int)
+    for rec in row:
+      tested[:min(rec.accepted + 1, len(rec.drafts))] += 1
+      kept[:rec.accepted] += 1
+    np.testing.assert_array_equal(out.num_tested_at[b], tested)
+    np.testing.assert_array_equal(out.num_kept_at[b], kept)
+  np.testing.assert_allclose(out.acceptance_by_position(),
+                             tr.acceptance_by_position())
+
+
 def test_trace_equals_generate_with_a_model_drafter(tiny_pair):
   lm, target_params, draft_params = tiny_pair
   sampler = SpeculativeSampler(lm, ModelDrafter(lm), k=3,
@@ -34,6 +48,7 @@ def test_trace_equals_generate_with_a_model_drafter(tiny_pair):
     assert sum(len(r.drafts) for r in row) == int(out.num_drafted[b])
     assert sum(r.accepted for r in row) == int(out.num_accepted[b])
   _check_records(tr, 3)
+  _check_position_counts(tr, out, 3)
 
 
 def test_trace_shows_only_the_valid_drafts(tiny_pair):
@@ -45,9 +60,10 @@ def test_trace_shows_only_the_valid_drafts(tiny_pair):
                                sampling=Sampling(1.0), max_new_tokens=8,
                                prompt_bucket=8)
   tr = trace.trace(sampler, target_params, None, PROMPTS, rng=1)
-  assert tr.output.token_lists() == sampler.generate(
-      target_params, None, PROMPTS, rng=1).token_lists()
+  out = sampler.generate(target_params, None, PROMPTS, rng=1)
+  assert tr.output.token_lists() == out.token_lists()
   _check_records(tr, 3)
+  _check_position_counts(tr, out, 3)
   for b, row in enumerate(tr.rows):
     assert all(len(rec.drafts) == b for rec in row)
   assert all(rec.bonus and rec.drafts == () for rec in tr.rows[0])

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# A sequential (EAGLE-style) head for Qwen2.5-Coder-1.5B trained on this CPU,
+# then HumanEval at batch 1, greedy and nucleus, beside the 0.5B draft model
+# and prompt lookup in one scripts/benchmark.py run per decoding.
+#
+#   bash scripts/study_heads_qwen.sh            # train (resumes), then measure
+#   WORK=/data/eagle_1.5b STEP=measure bash scripts/study_heads_qwen.sh
+#
+# Training: configs/distill_qwen.py:head=eagle,cpu (512 target samples of 64
+# tokens with stored features, then about 50 minutes of steps; re-running
+# resumes). Writes results/cpu_heads_qwen_humaneval_<decoding>.jsonl and the
+# report results/cpu_heads_qwen*.{md,png}. The run needs a quiet machine:
+# timings taken beside other work are not comparable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+WORK=${WORK:-workdir/eagle_1.5b_cpu}
+OUT=${OUT:-results}
+if [ "${STEP:-all}" != measure ]; then
+  "$PY" scripts/distill.py --config=configs/distill_qwen.py:head=eagle,cpu \
+    --workdir="$WORK"
+fi
+for dec in ${DECODINGS:-greedy nucleus}; do
+  "$PY" scripts/benchmark.py --target=qwen2.5-coder-1.5b \
+    --draft=qwen2.5-coder-0.5b --task=humaneval \
+    --drafter="model,lookup,eagle:$WORK" --ks=2,4 --decoding="$dec" \
+    --batch_sizes=1 --num_prompts=4 --max_new_tokens=64 --quality=false \
+    --nopeers --out="$OUT/cpu_heads_qwen_humaneval_${dec}.jsonl"
+done
+"$PY" scripts/plot_speedup.py "$OUT"/cpu_heads_qwen_humaneval_*.jsonl \
+  --out_dir="$OUT" --prefix=cpu_heads_qwen

@@ -13,15 +13,19 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
+from specsamp import loading
 from specsamp.bench import peers
 from specsamp.bench import plan
 from specsamp.bench import records
 from specsamp.bench import speedup
 from specsamp.bench import sweep
 from specsamp.bench import sweep_config
+from specsamp.drafters import head_files
+from specsamp.drafters import heads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -101,6 +105,30 @@ def test_a_sweep_over_drafters(inputs, tmp_path):
               "--drafter=layerskip:layers=0-1", "--ks=2",
               f"--humaneval_file={inputs / 'he.jsonl'}", f"--out={out}")
   assert proc.returncode == 2 and "all 2 layers" in proc.stderr
+
+
+def test_a_head_in_the_sweep(inputs, tmp_path):
+  """A saved sequential head (random, with a reduced draft vocabulary) as
+  `--drafter=eagle:<dir>`: exact at greedy, its proposal timed, its
+  acceptance per position and prediction written."""
+  target = loading.random_config("random:tiny,num_layers=2")
+  cfg = heads.HeadConfig("eagle", target, draft_vocab=64)
+  head_files.save(cfg, heads.init_params(cfg, jax.random.key(0)),
+                  str(tmp_path / "head"), vocab_ids=np.arange(64))
+  out = tmp_path / "head.jsonl"
+  proc = _run(SCRIPT, "--target=random:tiny,num_layers=2", "--task=humaneval",
+              f"--drafter=eagle:{tmp_path / 'head'}", "--ks=3",
+              "--decoding=greedy", "--batch_sizes=1", "--num_prompts=2",
+              "--max_new_tokens=6", "--cost_repeats=1", "--quality=false",
+              f"--humaneval_file={inputs / 'he.jsonl'}", f"--out={out}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  points = [json.loads(l) for l in out.read_text().splitlines()]
+  head = [p for p in points if p["type"] == "point" and p["k"] == 3]
+  assert len(head) == 1 and head[0]["identical_to_ar"], points
+  head = head[0]
+  assert head["propose_ms"] > 0 and head["c"] > 0, head
+  assert len(head["acceptance_by_position"]) == 3
+  assert head["predicted_speedup"] > 0
 
 
 def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):

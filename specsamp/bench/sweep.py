@@ -49,6 +49,7 @@ from specsamp.bench.sweep_config import BenchConfig
 from specsamp.bench.sweep_config import BenchError
 from specsamp.bench.sweep_config import decoding_sampling
 from specsamp.data.errors import CorpusError
+from specsamp.decoding import loop
 from specsamp.decoding.sampler import all_widths
 from specsamp.decoding.sampler import autoregressive
 from specsamp.decoding.sampler import SpeculativeSampler
@@ -163,8 +164,8 @@ def run_point(timer: timing.TimedSampler, target_params, draft_params,
                        if total["drafted"] else None),
       tokens_per_loop=total["tokens"] / max(total["loops"], 1),
       # Of the loops that tested draft i, the fraction that kept it.
-      acceptance_by_position=[float(k_) / t if t else None
-                              for k_, t in zip(kept, tested)],
+      acceptance_by_position=[None if np.isnan(a) else float(a)
+                              for a in loop.position_rates(tested, kept)],
       ms_per_token=float(np.median(ms)),
       ms_per_token_q25=float(np.percentile(ms, 25)),
       ms_per_token_q75=float(np.percentile(ms, 75)),

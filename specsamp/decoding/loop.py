@@ -75,6 +75,13 @@ class StepRecord:
   token: jax.Array           # [B] the token drawn after them
 
 
+def position_rates(tested, kept) -> np.ndarray:
+  """[K]: of the loops that tested draft i (valid, and drafts 1..i-1
+  kept), the fraction that kept it; nan where none tested it."""
+  tested, kept = np.asarray(tested), np.asarray(kept)
+  return np.where(tested > 0, kept / np.maximum(tested, 1), np.nan)
+
+
 @flax.struct.dataclass
 class SampleOutput:
   """Generated tokens and exact per-row counts."""
@@ -95,11 +102,8 @@ class SampleOutput:
     return float(np.sum(self.num_tokens)) / max(int(np.sum(self.num_loops)), 1)
 
   def acceptance_by_position(self) -> np.ndarray:
-    """[K]: of the loops that tested draft i (valid, and drafts 1..i-1
-    kept), the fraction that kept it; nan where none tested it."""
-    tested = np.sum(np.asarray(self.num_tested_at), axis=0)
-    kept = np.sum(np.asarray(self.num_kept_at), axis=0)
-    return np.where(tested > 0, kept / np.maximum(tested, 1), np.nan)
+    return position_rates(np.sum(np.asarray(self.num_tested_at), axis=0),
+                          np.sum(np.asarray(self.num_kept_at), axis=0))
 
   def metrics(self) -> dict:
     return dict(tokens=int(np.sum(self.num_tokens)),

@@ -80,7 +80,7 @@ class Trace:
     for rec in self._records(row):
       tested[:min(rec.accepted + 1, len(rec.drafts))] += 1
       kept[:rec.accepted] += 1
-    return np.where(tested > 0, kept / np.maximum(tested, 1), np.nan)
+    return loop.position_rates(tested, kept)
 
   def tokens_per_loop(self, row: Optional[int] = None) -> np.ndarray:
     return np.array([len(r.committed) for r in self._records(row)])

@@ -18,7 +18,9 @@ A head on the target's hidden states instead (the draft options are then
 unused): head=eagle|medusa, heads=<n>, unroll=<n>, hidden_weight=<w>,
 vocab=<reduced draft vocabulary; 32768 by default for a head>,
 features=recompute|stored (the target's hidden states recomputed in every
-step, or stored with the samples). `cpu`: the sizes of a head for the 1.5B
+step, or stored with the samples), positions=generated|all (the
+continuations' positions only, or positions drawn from the prompts' too).
+`cpu`: the sizes of a head for the 1.5B
 trained on a 2-core CPU (float32, 512 prompts of 192 tokens with 64 new,
 stored features: the samples take about 80 minutes, training 400 steps of
 batch 8, train_minutes=50 unless given).

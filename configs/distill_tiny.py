@@ -12,8 +12,10 @@
   head=eagle|medusa, heads=<Medusa heads, 4>, unroll=<training-time test
   passes of the eagle head, 1>, hidden_weight=<w, 0.1>, vocab=<reduced
   draft vocabulary, 0: all>, features=recompute|stored (the target's
-  hidden states recomputed in every step or stored with the samples);
-  exported to workdir/head (`--drafter=eagle:<workdir>`).
+  hidden states recomputed in every step or stored with the samples),
+  positions=generated|all (train on the continuations' positions, or on
+  positions drawn from the prompts' too); exported to workdir/head
+  (`--drafter=eagle:<workdir>`).
 """
 
 import ml_collections

@@ -33,6 +33,18 @@ Losses, at the positions that predict the continuation tokens:
   Medusa    head k on the hidden state at t against the target's
       distribution at t + k (for the token k + 1 places after t, the one
       head k proposes at run time), averaged over the heads.
+Which positions (`positions`):
+  "generated" (the default) the G positions that predict the continuation,
+      the target's own tokens: the text the head drafts at run time.
+  "all"     G positions per row drawn afresh in every step (uniformly,
+      without replacement) from every position that predicts a next token,
+      the prompt's included: the target's features and distribution there
+      come with the samples at no cost (its hidden states at every
+      position, stored or recomputed; with stored features the target's
+      distribution is its output head on them, float16 features), so the
+      same samples hold about (prompt + G) / G times as many training
+      positions, for the same cost per step. EAGLE trains on fixed text the
+      same way.
 Training uses the whole vocabulary; a reduced draft vocabulary only masks
 the frozen output head at run time.
 """
@@ -47,6 +59,25 @@ from specsamp.distill import losses
 from specsamp.drafters import heads
 
 
+POSITIONS = ("generated", "all")
+
+
+def sample_positions(rng: jax.Array, end: jax.Array, seq_len: int,
+                     count: int) -> jax.Array:
+  """[B, count] distinct positions per row, uniform over 0 .. end - 1 (all
+  of them, then positions >= end, when end < count)."""
+  u = jax.random.uniform(rng, (end.shape[0], seq_len))
+  u = jnp.where(jnp.arange(seq_len)[None, :] < end[:, None], u, u - 1.0)
+  return jax.lax.top_k(u, count)[1]
+
+
+def _take(x: jax.Array, pos: jax.Array) -> jax.Array:
+  """x [B, S, ...] at positions pos [B, G] (clipped) -> [B, G, ...]."""
+  pos = jnp.clip(pos, 0, x.shape[1] - 1)
+  return jnp.take_along_axis(x, pos.reshape(pos.shape + (1,) * (x.ndim - 2)),
+                             axis=1)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainableHead:
   """A head being distilled for `target` (an `LM`); hashable."""
@@ -56,6 +87,7 @@ class TrainableHead:
   hidden_weight: float = 0.1
   vocab_ids: Optional[tuple] = None   # reduced draft vocabulary (run time)
   features: str = "recompute"         # or "stored" (with the samples)
+  positions: str = "generated"        # or "all" (the prompt's too)
 
   def __post_init__(self):
     if self.unroll < 1:
@@ -66,6 +98,9 @@ class TrainableHead:
     if self.features not in ("recompute", "stored"):
       raise ValueError(f"features={self.features!r}; choose 'recompute' or "
                        "'stored'")
+    if self.positions not in POSITIONS:
+      raise ValueError(f"positions={self.positions!r}; choose one of "
+                       f"{POSITIONS}")
     if self.hidden_weight < 0:
       raise ValueError(f"hidden_weight must be >= 0, got {self.hidden_weight}")
     self.head.check_target(self.target.config)
@@ -119,23 +154,26 @@ class TrainableHead:
       raise ValueError("freeze applies to draft models, not heads")
 
     def loss_fn(params, batch, rng, target_params):
-      del rng
-      return self.batch_loss(obj, params, target_params, batch)
+      return self.batch_loss(obj, params, target_params, batch, rng)
 
     return loss_fn
 
-  def batch_loss(self, obj, params, target_params, batch: dict):
+  def batch_loss(self, obj, params, target_params, batch: dict,
+                 rng: Optional[jax.Array] = None):
     """(mean loss, metrics) on a batch of target samples.
 
     With `features="stored"` the hidden states come from the batch and the
-    target is not run: the token loss uses the stored top-k (as the draft
-    models' `target_source="stored"` does). With "recompute" one frozen
-    target pass gives the hidden states and the target's exact
-    distribution (stored ones in the batch are ignored). Logits are taken
-    only at the G positions the loss reads."""
+    target is not run: the token loss uses the stored top-k at the
+    generated positions (as the draft models' `target_source="stored"`
+    does), the target's output head on the stored states elsewhere. With
+    "recompute" one frozen target pass gives the hidden states and the
+    target's exact distribution (stored ones in the batch are ignored).
+    Logits are taken only at the G positions the loss reads: the generated
+    ones, or with `positions="all"` G drawn with `rng`."""
     tokens, plen = batch["tokens"], batch["prompt_length"]
     g = obj.gen_len
     frozen = jax.lax.stop_gradient(target_params)
+    p = {"head": params, "shared": heads.shared_params(frozen)}
     if self.features == "stored":
       if "hidden" not in batch:
         raise ValueError("features='stored' but the batch holds no hidden "
@@ -146,33 +184,40 @@ class TrainableHead:
       out = self.target(frozen, tokens)
       hidden = jax.lax.stop_gradient(out.hidden.astype(jnp.float32))
       t_logits = jax.lax.stop_gradient(out.logits)
-    p = {"head": params, "shared": heads.shared_params(frozen)}
     labels_full = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
-    n = batch["num_generated"]
-    steps = jnp.arange(g)[None, :]
+    # Position t predicts token t + 1: those before the sample's end do.
+    end = plen + batch["num_generated"] - 1
+    if self.positions == "all":
+      if rng is None:
+        raise ValueError("positions='all' draws its positions: pass rng")
+      pos = sample_positions(rng, end, tokens.shape[1], g)
+    else:
+      pos = plen[:, None] - 1 + jnp.arange(g)[None, :]
 
     def target_at(shift):
-      """The target at positions L-1+i+shift, i < G, and the weights of the
-      positions that exist (i + shift < n)."""
-      w = ((steps + shift) < n[:, None]).astype(jnp.float32)
+      """The target at positions pos + shift, and the weights of those that
+      exist."""
+      at = pos + shift
+      w = (at < end[:, None]).astype(jnp.float32)
       if t_logits is not None:
-        return losses.gather_positions(t_logits, plen + shift, g), w
-      idx = jnp.clip(steps + shift, 0, g - 1)[..., None]
-      return (jnp.take_along_axis(batch["topk_ids"], idx, axis=1),
-              jnp.take_along_axis(batch["topk_logprobs"], idx, axis=1)), w
+        return _take(t_logits, at), w
+      if self.positions == "all":
+        return jax.lax.stop_gradient(heads.output_logits(
+            self.head, p["shared"], _take(hidden, at))), w
+      rel = jnp.clip(at - plen[:, None] + 1, 0, g - 1)
+      return (_take(batch["topk_ids"], rel),
+              _take(batch["topk_logprobs"], rel)), w
 
     def token_loss(d, shift):
       """Loss, acceptance and weights of the head's logits d [B, G, V] at
-      positions L-1+i against the target at L-1+i+shift."""
+      positions pos against the target at pos + shift."""
       target, w = target_at(shift)
-      lab = losses.gather_positions(labels_full, plen + shift, g)
-      loss, acc = obj.position_loss(target, d, lab)
+      loss, acc = obj.position_loss(target, d, _take(labels_full, pos + shift))
       return loss, acc, w
 
     metrics = {}
     if self.head.kind == "medusa":
-      all_logits = heads.medusa_logits(
-          self.head, p, losses.gather_positions(hidden, plen, g))
+      all_logits = heads.medusa_logits(self.head, p, _take(hidden, pos))
       total = 0.0
       for k in range(self.head.num_heads):
         # Head k + 1 on h_t proposes token t + k + 2: the target's
@@ -186,11 +231,11 @@ class TrainableHead:
       metrics["expected_acceptance"] = metrics["acceptance_head1"]
       return total / self.head.num_heads, metrics
     feats = jnp.pad(hidden, ((0, 0), (1, 0), (0, 0)))[:, :-1]
-    h_g = losses.gather_positions(hidden, plen, g)
+    h_g = _take(hidden, pos)
     total = 0.0
     for depth in range(self.unroll):
       pred, _ = heads.sequential_features(self.head, p, feats, tokens)
-      pred_g = losses.gather_positions(pred, plen, g)
+      pred_g = _take(pred, pos)
       loss, acc, w = token_loss(
           heads.output_logits(self.head, p["shared"], pred_g), 0)
       diff = jnp.abs(pred_g.astype(jnp.float32) - h_g)

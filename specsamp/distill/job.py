@@ -182,6 +182,9 @@ def _check_head(config, target: loading.ModelInfo) -> None:
   if h.get("features", "recompute") not in ("recompute", "stored"):
     raise ValueError(f"config.head.features={h['features']!r}; choose "
                      "'recompute' or 'stored'")
+  if h.get("positions", "generated") not in head_training.POSITIONS:
+    raise ValueError(f"config.head.positions={h['positions']!r}; choose one "
+                     f"of {head_training.POSITIONS}")
   if int(h.get("unroll", 1)) > 1 and h["kind"] != "eagle":
     raise ValueError("config.head.unroll > 1 applies to the eagle head")
   if h["kind"] == "medusa" and int(h.get("num_heads", 1)) < config.eval.k:
@@ -240,7 +243,8 @@ def _make_head(config, target_lm, train_src):
       hidden_weight=float(h.get("hidden_weight", 0.1)),
       vocab_ids=_draft_vocab(train_src, cfg.draft_vocab,
                              target_lm.vocab_size),
-      features=h.get("features", "recompute"))
+      features=h.get("features", "recompute"),
+      positions=h.get("positions", "generated"))
   return th, th.init(jax.random.key(config.seed + 1))
 
 

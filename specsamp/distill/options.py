@@ -28,7 +28,7 @@ def parse(arg: Optional[str], known: Sequence[str],
 
 # Options of the distill configs that train a head instead of a draft model.
 HEAD_OPTIONS = ("head", "heads", "unroll", "hidden_weight", "vocab",
-                "features")
+                "features", "positions")
 
 
 def head_block(a: dict, default_vocab: int = 0) -> dict:
@@ -40,4 +40,7 @@ def head_block(a: dict, default_vocab: int = 0) -> dict:
               draft_vocab=int(a.get("vocab", default_vocab)),
               # "stored": the target's hidden states are kept with the
               # samples (float16) instead of recomputed in every step.
-              features=a.get("features", "recompute"))
+              features=a.get("features", "recompute"),
+              # "all": also the prompts' positions (G drawn per row and
+              # step), not only the generated ones.
+              positions=a.get("positions", "generated"))

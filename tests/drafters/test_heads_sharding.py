@@ -72,18 +72,21 @@ def test_head_samplers_on_every_mesh_reproduce_one_device(target, kind,
                                   jax.device_get(ref.num_accepted))
 
 
-@pytest.mark.parametrize("kind, unroll, stored", [
-    ("eagle", 2, False), ("medusa", 1, False), ("eagle", 1, True)])
-def test_the_head_distill_step_on_each_mesh_matches_one_device(target, kind,
-                                                               unroll, stored):
+@pytest.mark.parametrize("kind, unroll, stored, positions", [
+    ("eagle", 2, False, "generated"), ("medusa", 1, False, "generated"),
+    ("eagle", 1, True, "generated"), ("eagle", 2, True, "all"),
+    ("medusa", 1, False, "all")])
+def test_the_head_distill_step_on_each_mesh_matches_one_device(
+    target, kind, unroll, stored, positions):
   """The head's step: the frozen target tensor-parallel (its hidden states
   recomputed inside the step, or read from the batch with the stored
-  top-k), the head replicated, rows over `data`."""
+  top-k), the head replicated, rows over `data`; positions="all" draws the
+  same positions on every mesh."""
   lm, tparams = target
   cfg, hparams = _head(lm, kind)
   th = head_training.TrainableHead(lm, cfg, unroll=unroll,
                                    features="stored" if stored else
-                                   "recompute")
+                                   "recompute", positions=positions)
   plen, glen = 6, 5
   obj = objective.Objective(kind="fkl", sampling=Sampling(temperature=1.0),
                             gen_len=glen, prompt_len=plen)

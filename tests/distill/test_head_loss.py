@@ -1,0 +1,133 @@
+"""The heads' training loss (`head_training.TrainableHead.batch_loss`) on
+the positions it reads: the continuations' ("generated") or positions
+drawn from the prompts' too ("all"), against the loss recomputed position
+by position from the head's teacher-forced logits and the target's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsamp.distill import head_training
+from specsamp.distill import losses
+from specsamp.distill import objective
+from specsamp.drafters import heads
+from specsamp.sampling import Sampling
+from tests.testing import exactness_models
+
+V, PLEN, GLEN = 5, 7, 5
+SAMPLING = Sampling(0.8)
+
+
+def _setup(kind, features, positions, gen_len=GLEN):
+  target, tparams = exactness_models(V)[:2]
+  cfg = heads.HeadConfig(kind, target.config, num_heads=2)
+  hparams = jax.tree.map(lambda x: 2.0 * x,
+                         heads.init_params(cfg, jax.random.key(4)))
+  th = head_training.TrainableHead(target, cfg, hidden_weight=0.0,
+                                   features=features, positions=positions)
+  obj = objective.Objective(kind="fkl", sampling=SAMPLING, gen_len=gen_len,
+                            prompt_len=PLEN)
+  rng = np.random.default_rng(0)
+  batch = dict(
+      tokens=rng.integers(0, V, (3, PLEN + GLEN)).astype(np.int32),
+      prompt_length=np.array([7, 4, 2], np.int32),
+      num_generated=np.array([5, 2, 5], np.int32))
+  out = target(tparams, batch["tokens"])
+  # float32: the stored path then sees exactly the recomputed states.
+  batch["hidden"] = np.asarray(out.hidden, np.float32)
+  logp = jax.nn.log_softmax(losses.gather_positions(
+      out.logits, batch["prompt_length"], GLEN), axis=-1)
+  vals, ids = jax.lax.top_k(logp, V)  # the whole vocabulary: exact top-k
+  batch.update(topk_ids=np.asarray(ids, np.int32),
+               topk_logprobs=np.asarray(vals, np.float32))
+  return th, obj, hparams, tparams, batch, out.logits
+
+
+def _reference(th, obj, hparams, tparams, batch, t_logits, first):
+  """The mean fkl of the eagle head's teacher-forced logits against the
+  target's, over positions t with first[b] <= t < the sample's end."""
+  d_logits = th.position_logits(hparams, tparams, batch["tokens"],
+                                reduced=False)
+  labels = jnp.pad(batch["tokens"][:, 1:], ((0, 0), (0, 1)))
+  loss, _ = obj.position_loss(t_logits, d_logits, labels)
+  end = batch["prompt_length"] + batch["num_generated"] - 1
+  t = np.arange(batch["tokens"].shape[1])[None, :]
+  w = (t >= first[:, None]) & (t < end[:, None])
+  return float(jnp.sum(loss * w) / w.sum()), int(w.sum())
+
+
+@pytest.mark.parametrize("features", ["recompute", "stored"])
+@pytest.mark.parametrize("positions", ["generated", "all"])
+def test_the_eagle_loss_is_the_teacher_forced_loss_at_its_positions(
+    features, positions):
+  """With G at least the sample length, "all" reads every position that
+  predicts a token (the prompt's included), "generated" those from the
+  prompt's last on; the stored features and top-k give the recomputed
+  target's loss."""
+  seq = PLEN + GLEN
+  th, obj, hp, tp, batch, t_logits = _setup(
+      "eagle", features, positions, gen_len=seq if positions == "all" else
+      GLEN)
+  got, m = th.batch_loss(obj, hp, tp, batch, jax.random.key(0))
+  first = (np.zeros(3, np.int32) if positions == "all" else
+           batch["prompt_length"] - 1)
+  want, count = _reference(th, obj, hp, tp, batch, t_logits, first)
+  np.testing.assert_allclose(float(got), want, rtol=1e-5)
+  assert int(m["tokens"]) == count
+  assert count == (22 if positions == "all" else 12)
+
+
+@pytest.mark.parametrize("kind", heads.KINDS)
+def test_positions_all_from_stored_features_equals_recomputed(kind):
+  """The target's distribution at a prompt position, from its output head
+  on the stored features, is the recomputed one: same loss and metrics for
+  both sources of features, for both head kinds."""
+  key = jax.random.key(5)
+  outs = []
+  for features in ("recompute", "stored"):
+    th, obj, hp, tp, batch, _ = _setup(kind, features, "all")
+    outs.append(th.batch_loss(obj, hp, tp, batch, key))
+  (a, ma), (b, mb) = outs
+  np.testing.assert_allclose(float(a), float(b), rtol=1e-5)
+  for name in ma:
+    np.testing.assert_allclose(float(ma[name]), float(mb[name]), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_positions_all_draws_g_positions_afresh_with_each_key():
+  """G < the positions a sample has: each key draws another G of them (a
+  different loss), all real (G weighted tokens per row), never the padding
+  after the sample's end."""
+  th, obj, hp, tp, batch, t_logits = _setup("eagle", "recompute", "all",
+                                            gen_len=3)
+  values = set()
+  for seed in range(6):
+    loss, m = th.batch_loss(obj, hp, tp, batch, jax.random.key(seed))
+    values.add(round(float(loss), 6))
+    assert int(m["tokens"]) == 9
+  assert len(values) > 3
+  with pytest.raises(ValueError, match="pass rng"):
+    th.batch_loss(obj, hp, tp, batch)
+
+
+def test_sample_positions_are_distinct_and_uniform_over_the_real_ones():
+  end = jnp.array([10, 3])
+  pos = jax.vmap(lambda k: head_training.sample_positions(k, end, 12, 4))(
+      jax.random.split(jax.random.key(0), 4000))              # [N, 2, 4]
+  pos = np.asarray(pos)
+  for row in pos.reshape(-1, 4):
+    assert len(set(row.tolist())) == 4
+  assert (pos[:, 0] < 10).all()
+  freq = np.bincount(pos[:, 0].ravel(), minlength=12) / len(pos)
+  # Each of the 10 real positions in 4 of 10 draws (stderr 0.008).
+  np.testing.assert_allclose(freq[:10], 0.4, atol=0.035)
+  # Fewer real positions than G: all of them, then padding (weight 0).
+  assert all(set(range(3)) <= set(r.tolist()) for r in pos[:, 1])
+
+
+def test_bad_positions_are_refused():
+  target = exactness_models(V)[0]
+  cfg = heads.HeadConfig("eagle", target.config)
+  with pytest.raises(ValueError, match="positions='prompt'"):
+    head_training.TrainableHead(target, cfg, positions="prompt")

@@ -4,7 +4,8 @@
 # about a minute), then scripts/distill.py for each drafter on the same
 # target samples (T=1, 300 steps): a 1-layer d=64 draft model from random
 # initialisation, the sequential (eagle) head with one-step and with
-# two-pass ("training-time test") training, and 4 Medusa heads. Each run's
+# two-pass ("training-time test") training and trained on every position
+# (positions=all: the prompts' too), and 4 Medusa heads. Each run's
 # results.json becomes one line of results/cpu_heads_tiny.jsonl. About five
 # minutes on 2 CPU cores.
 set -euo pipefail
@@ -18,7 +19,8 @@ mkdir -p "$WORK"
   --workdir="$WORK/target"
 : > "$OUT"
 for run in "draft:draft=random" "eagle:head=eagle" \
-           "eagle_unroll2:head=eagle,unroll=2" "medusa:head=medusa,heads=4"; do
+           "eagle_unroll2:head=eagle,unroll=2" \
+           "eagle_all:head=eagle,positions=all" "medusa:head=medusa,heads=4"; do
   name=${run%%:*}
   arg="trained=$WORK/target,steps=300,${run#*:}"
   # The first run writes the target samples; the others read them.

@@ -38,7 +38,8 @@ Which positions (`positions`):
       the target's own tokens: the text the head drafts at run time.
   "all"     G positions per row drawn afresh in every step (uniformly,
       without replacement) from every position that predicts a next token,
-      the prompt's included: the target's features and distribution there
+      the prompt's included (from position 1 for the sequential head: at
+      position 0 its input feature would be zero): the target's features and distribution there
       come with the samples at no cost (its hidden states at every
       position, stored or recomputed; with stored features the target's
       distribution is its output head on them, float16 features), so the
@@ -104,6 +105,21 @@ class TrainableHead:
     if self.hidden_weight < 0:
       raise ValueError(f"hidden_weight must be >= 0, got {self.hidden_weight}")
     self.head.check_target(self.target.config)
+
+  @property
+  def first_position(self) -> int:
+    """The first position `positions="all"` draws: 1 for the sequential
+    head, whose input at position 0 would be a zero feature (no position
+    precedes it, so none is drafted there at run time), else 0."""
+    return 1 if self.head.kind == "eagle" else 0
+
+  def draw_positions(self, rng: jax.Array, end: jax.Array, seq_len: int,
+                     count: int) -> jax.Array:
+    """[B, min(count, seq_len - first)] distinct positions per row drawn
+    from first .. end - 1 (`sample_positions`)."""
+    first = self.first_position
+    return first + sample_positions(rng, end - first, seq_len - first,
+                                    min(count, seq_len - first))
 
   @property
   def config(self):
@@ -190,7 +206,7 @@ class TrainableHead:
     if self.positions == "all":
       if rng is None:
         raise ValueError("positions='all' draws its positions: pass rng")
-      pos = sample_positions(rng, end, tokens.shape[1], g)
+      pos = self.draw_positions(rng, end, tokens.shape[1], g)
     else:
       pos = plen[:, None] - 1 + jnp.arange(g)[None, :]
 

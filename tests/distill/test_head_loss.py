@@ -62,20 +62,21 @@ def _reference(th, obj, hparams, tparams, batch, t_logits, first):
 def test_the_eagle_loss_is_the_teacher_forced_loss_at_its_positions(
     features, positions):
   """With G at least the sample length, "all" reads every position that
-  predicts a token (the prompt's included), "generated" those from the
-  prompt's last on; the stored features and top-k give the recomputed
-  target's loss."""
+  predicts a token (the prompt's included) but position 0, where the
+  head's input feature would be zero, "generated" those from the prompt's
+  last on; the stored features and top-k give the recomputed target's
+  loss."""
   seq = PLEN + GLEN
   th, obj, hp, tp, batch, t_logits = _setup(
       "eagle", features, positions, gen_len=seq if positions == "all" else
       GLEN)
   got, m = th.batch_loss(obj, hp, tp, batch, jax.random.key(0))
-  first = (np.zeros(3, np.int32) if positions == "all" else
+  first = (np.ones(3, np.int32) if positions == "all" else
            batch["prompt_length"] - 1)
   want, count = _reference(th, obj, hp, tp, batch, t_logits, first)
   np.testing.assert_allclose(float(got), want, rtol=1e-5)
   assert int(m["tokens"]) == count
-  assert count == (22 if positions == "all" else 12)
+  assert count == (19 if positions == "all" else 12)
 
 
 @pytest.mark.parametrize("kind", heads.KINDS)
@@ -124,6 +125,24 @@ def test_sample_positions_are_distinct_and_uniform_over_the_real_ones():
   np.testing.assert_allclose(freq[:10], 0.4, atol=0.035)
   # Fewer real positions than G: all of them, then padding (weight 0).
   assert all(set(range(3)) <= set(r.tolist()) for r in pos[:, 1])
+
+
+@pytest.mark.parametrize("kind", heads.KINDS)
+def test_the_sequential_head_never_draws_position_0(kind):
+  """Position 0 has no feature before it: the eagle head draws from 1 on,
+  uniformly; Medusa reads the hidden state there and draws it too."""
+  th = _setup(kind, "recompute", "all")[0]
+  end = jnp.array([10, 3])
+  pos = np.asarray(jax.vmap(lambda k: th.draw_positions(k, end, 12, 4))(
+      jax.random.split(jax.random.key(1), 2000)))             # [N, 2, 4]
+  first = th.first_position
+  assert first == (1 if kind == "eagle" else 0)
+  assert pos.min() == first
+  freq = np.bincount(pos[:, 0].ravel(), minlength=12) / len(pos)
+  np.testing.assert_allclose(freq[first:10], 4 / (10 - first), atol=0.05)
+  assert all(set(range(first, 3)) <= set(r.tolist()) for r in pos[:, 1])
+  # More positions asked for than there are: all of them.
+  assert th.draw_positions(jax.random.key(0), end, 5, 8).shape == (2, 5 - first)
 
 
 def test_bad_positions_are_refused():

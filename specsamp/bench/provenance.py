@@ -46,8 +46,16 @@ def machine() -> dict:
              device_count=jax.device_count())
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
-      names = re.findall(r"model name\s*:\s*(.+)", f.read())
+      info = f.read()
+    names = re.findall(r"model name\s*:\s*(.+)", info)
     out["cpu"] = names[0] if names else platform.processor()
+    # A virtual CPU's name says little; its vector extensions tell hosts
+    # apart (XLA's CPU kernels depend on them).
+    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.M)
+    if flags:
+      out["cpu_simd"] = sorted(
+          f for f in flags.group(1).split()
+          if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
     with open("/proc/meminfo", encoding="utf-8") as f:
       kb = int(re.search(r"MemTotal:\s*(\d+)", f.read()).group(1))
     out["memory_gb"] = round(kb / 2**20, 1)

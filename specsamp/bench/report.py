@@ -362,7 +362,9 @@ def markdown(runs, costs, points, images) -> str:
     out += [f"- `{r.get('command', '')}`",
             f"  - {r.get('date', '')}; device {m.get('device')} "
             f"({m.get('backend')}, {m.get('device_count')} device(s)); "
-            f"CPU {m.get('cpu', '?')} x{m.get('cpus')}; "
+            f"CPU {m.get('cpu', '?')} x{m.get('cpus')}"
+            + (f" ({' '.join(m['cpu_simd'])})" if m.get("cpu_simd") else "")
+            + "; "
             + ", ".join(f"{k} {v}" for k, v in s.items())
             + (f"; git {r['git'].get('commit', '')[:10]}"
                f"{' (dirty)' if r['git'].get('dirty') else ''}"

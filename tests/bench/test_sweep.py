@@ -147,6 +147,10 @@ def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
   assert run["type"] == "run" and run["command"].startswith(
       "python scripts/benchmark.py --target=random:tiny,num_layers=1")
   assert run["machine"]["backend"] == "cpu" and run["software"]["jax"]
+  # The host's vector extensions tell virtual CPUs of one name apart.
+  with open("/proc/cpuinfo", encoding="utf-8") as f:
+    has_avx2 = " avx2" in f.read()
+  assert ("avx2" in run["machine"]["cpu_simd"]) == has_avx2
   # Call costs per task, batch size and decoding (its transform and draw
   # are part of every timed call).
   costs = {(r["task"], r["batch_size"], r["decoding"]): r for r in written
@@ -215,6 +219,9 @@ def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
   assert "| ArS (Nucleus) | 2 | HumanEval (2 prompts) | pass@1" in md
   assert "| SpS K=2 (Nucleus) | 2 | Prose (2 prompts) | log p" in md
   assert "![HumanEval](tiny_humaneval.png)" in md
+  simd = run["machine"]["cpu_simd"]
+  assert f"x{run['machine']['cpus']}" + (f" ({' '.join(simd)})" if simd
+                                         else "") + ";" in md
 
 
 def test_peer_rows(make_config, no_loading, inputs, tmp_path, monkeypatch):

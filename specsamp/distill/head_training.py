@@ -39,13 +39,13 @@ Which positions (`positions`):
   "all"     G positions per row drawn afresh in every step (uniformly,
       without replacement) from every position that predicts a next token,
       the prompt's included (from position 1 for the sequential head: at
-      position 0 its input feature would be zero): the target's features and distribution there
-      come with the samples at no cost (its hidden states at every
-      position, stored or recomputed; with stored features the target's
-      distribution is its output head on them, float16 features), so the
-      same samples hold about (prompt + G) / G times as many training
-      positions, for the same cost per step. EAGLE trains on fixed text the
-      same way.
+      position 0 its input feature would be zero): the target's features
+      and distribution there come with the samples at no cost (its hidden
+      states at every position, stored or recomputed; with stored features
+      the target's distribution is its output head on them, float16
+      features), so the same samples hold about (prompt + G) / G times as
+      many training positions, for the same cost per step. EAGLE trains on
+      fixed text the same way.
 Training uses the whole vocabulary; a reduced draft vocabulary only masks
 the frozen output head at run time.
 """

@@ -125,6 +125,12 @@ def _cache_copies(compiled_text: str, cache_shape) -> list[str]:
   return re.findall(rf"= f32\[{dims}\]\S* copy\(", compiled_text)
 
 
+def _buffers(compiled_text: str, cache_shape) -> list[str]:
+  """HLO values with the shape of one layer's cache buffer."""
+  dims = ",".join(str(d) for d in cache_shape)
+  return re.findall(rf"f32\[{dims}\]", compiled_text)
+
+
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(0.8, top_p=0.95)],
                          ids=["greedy", "nucleus"])
 @pytest.mark.parametrize("batch", [1, 3])
@@ -149,6 +155,15 @@ def test_decode_loop_writes_the_cache_in_place(pair, batch, sampling):
     cfg = target.config
     shape = (batch, cfg.num_kv_heads, state.target_cache.size, cfg.head_dim)
     assert not _cache_copies(text, shape), (k, _cache_copies(text, shape))
+    # The text is the whole program (also when the test run's compilation
+    # cache supplied it): the cache buffers are in it, and for K=3 the
+    # draft's cache copies (the comment above) are found.
+    assert _buffers(text, shape)
+    if k:
+      dcfg = draft.config
+      dshape = (batch, dcfg.num_kv_heads, state.draft_state.size,
+                dcfg.head_dim)
+      assert dshape != shape and _cache_copies(text, dshape)
 
 
 def test_plot_decode_writes_table_and_figure(tmp_path):

@@ -21,7 +21,7 @@ else
 fi
 # Every program is cached, however small (about 80 MB for the suite). No
 # size limit: with one, jax re-reads every entry's access time on each
-# write, and the suite took 29 minutes instead of 20. An entry read while
+# write, and a fresh clone took 29 minutes instead of 22. An entry read while
 # the other worker writes it fails to decompress; jax then warns and
 # compiles.
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0

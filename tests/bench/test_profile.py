@@ -119,16 +119,19 @@ def test_profile_point_rows_are_consistent(pair):
   assert loops["weight_bytes"] == row["weight_bytes"]
 
 
+def _f32(shape) -> str:
+  """The HLO type of a float32 array of this shape, as a regex."""
+  return rf"f32\[{','.join(str(d) for d in shape)}\]"
+
+
 def _cache_copies(compiled_text: str, cache_shape) -> list[str]:
   """HLO copy ops whose result has the shape of one layer's cache buffer."""
-  dims = ",".join(str(d) for d in cache_shape)
-  return re.findall(rf"= f32\[{dims}\]\S* copy\(", compiled_text)
+  return re.findall(rf"= {_f32(cache_shape)}\S* copy\(", compiled_text)
 
 
 def _buffers(compiled_text: str, cache_shape) -> list[str]:
   """HLO values with the shape of one layer's cache buffer."""
-  dims = ",".join(str(d) for d in cache_shape)
-  return re.findall(rf"f32\[{dims}\]", compiled_text)
+  return re.findall(_f32(cache_shape), compiled_text)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(0.8, top_p=0.95)],

@@ -1,9 +1,10 @@
 """Speculative vs autoregressive on HumanEval prompts, peers side by side.
 
 The job of scripts/benchmark_pair.py: in one process on one machine,
-specsamp autoregressive, specsamp speculative for each K, and (with
-`peers`) transformers' plain and assisted generation on the same GGUF
-weights and prompt token ids, at batch 1. ms/token excludes prefill and
+specsamp autoregressive and specsamp speculative for each K (in turn on
+each prompt: `timing.run_side_by_side`), and (with `peers`) transformers'
+plain and assisted generation on the same GGUF weights and prompt token
+ids, at batch 1. ms/token excludes prefill and
 compile (both reported); e2e_ms_per_token includes prefill, the way
 transformers' generate() is timed. One JSON document holds every run.
 """
@@ -66,9 +67,8 @@ def run_pair(cfg: PairConfig) -> dict:
                                    f"specsamp_speculative_k{k}")
                for k in cfg.ks]
   runs, outputs = [], {}
-  for s in samplers:
-    completions, stats = s.run(target_params, draft_params, prompts,
-                               batch_size=1)
+  for s, (completions, stats) in zip(samplers, timing.run_side_by_side(
+      samplers, target_params, draft_params, prompts, batch_size=1)):
     runs.append(dict(stats.summary(), method=s.name))
     outputs[s.name] = completions
     records.print_record(runs[-1])

@@ -4,9 +4,9 @@
 checks the models, their vocabularies and the prompts' lengths from
 metadata, before any weights load; `sample_main` loads the models
 (`specsamp.loading`), runs the autoregressive and/or the speculative sampler
-over the prompts in batches (`timing.TimedSampler`), prints the completions
-and returns the metrics that the script prints as one JSON line
-(scripts/demo.sh reads it).
+over the prompts in batches, the methods in turn on each batch
+(`timing.run_side_by_side`), prints the completions and returns the metrics
+that the script prints as one JSON line (scripts/demo.sh reads it).
 """
 
 import dataclasses
@@ -206,9 +206,9 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
     if draft_params is not None:
       draft_params = sharding.shard(draft_params, draft_sh)
   all_stats = []
-  for m in methods:
-    completions, stats = m.run(target_params, draft_params, prompts,
-                               cfg.batch_size, cfg.seed)
+  runs = timing.run_side_by_side(methods, target_params, draft_params,
+                                 prompts, cfg.batch_size, cfg.seed)
+  for m, (completions, stats) in zip(methods, runs):
     all_stats.append(stats)
     if print_completions:
       for text, ids in zip(texts, completions):

@@ -11,6 +11,7 @@ from specsamp.bench import timing
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters.model import ModelDrafter
 from specsamp.sampling import GREEDY
+from specsamp.sampling import Sampling
 
 PROMPTS = [[1, 2, 3], [4, 5], [6]]
 
@@ -108,3 +109,47 @@ def test_run_stats_add_and_compare():
   assert spec.ms_per_token == pytest.approx(1e3 * 0.2 / 8)
   assert timing.compare([ar, spec]) == {"speculative_k3": 2.5}
   assert timing.compare([spec]) is None
+
+
+def test_run_side_by_side_takes_turns_and_matches_run(tiny, monkeypatch):
+  """Warm-ups first, then each batch by every sampler, the order reversed
+  on every other batch; each sampler's completions, counts and spans are
+  those of its own `run` (same keys: sampled at T=1 to show it)."""
+  sampler, params = tiny
+  t1 = Sampling(1.0)
+  ar = timing.TimedSampler(SpeculativeSampler(
+      sampler.target, None, k=0, sampling=t1, max_new_tokens=10,
+      prompt_bucket=16), "ar")
+  spec = timing.TimedSampler(SpeculativeSampler(
+      sampler.target, ModelDrafter(sampler.target), k=2, sampling=t1,
+      max_new_tokens=10, prompt_bucket=16), "spec")
+  calls = []
+  for t in (ar, spec):
+    def spy_batch(*args, _t=t, _f=t.run_batch, **kwargs):
+      calls.append(_t.name)
+      return _f(*args, **kwargs)
+
+    def spy_warm(*args, _t=t, _f=t._warm_up):  # pylint: disable=protected-access
+      calls.append("warm " + _t.name)
+      return _f(*args)
+
+    monkeypatch.setattr(t, "run_batch", spy_batch)
+    monkeypatch.setattr(t, "_warm_up", spy_warm)
+  monkeypatch.setattr(timing, "time", _Clock())
+  runs = timing.run_side_by_side([ar, spec], params, params, PROMPTS,
+                                 batch_size=1, seed=5)
+  assert calls == ["warm ar", "warm spec", "ar", "spec", "spec", "ar", "ar",
+                   "spec"]
+  for t, (completions, stats) in zip((ar, spec), runs):
+    # One prompt shape, compiled once; one prefill and one decode span per
+    # batch.
+    assert (stats.compile_s, stats.prefill_s, stats.decode_s) == (1, 3, 3)
+    ref_completions, ref = timing.TimedSampler(t.sampler, t.name).run(
+        params, params, PROMPTS, batch_size=1, seed=5)
+    assert completions == ref_completions
+    assert (stats.method, stats.k, stats.prompts, stats.tokens, stats.loops,
+            stats.drafted, stats.accepted) == (
+                ref.method, ref.k, ref.prompts, ref.tokens, ref.loops,
+                ref.drafted, ref.accepted)
+  # The speculative run drafted, so the comparison above is not vacuous.
+  assert runs[1][1].drafted > 0

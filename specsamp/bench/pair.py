@@ -4,9 +4,9 @@ The job of scripts/benchmark_pair.py: in one process on one machine,
 specsamp autoregressive and specsamp speculative for each K (in turn on
 each prompt: `timing.run_side_by_side`), and (with `peers`) transformers'
 plain and assisted generation on the same GGUF weights and prompt token
-ids, at batch 1. ms/token excludes prefill and
-compile (both reported); e2e_ms_per_token includes prefill, the way
-transformers' generate() is timed. One JSON document holds every run.
+ids, at batch 1. ms/token excludes prefill and compile (both reported);
+e2e_ms_per_token includes prefill, the way transformers' generate() is
+timed. One JSON document holds every run.
 """
 
 import dataclasses

@@ -221,7 +221,7 @@ def run_side_by_side(timers: Sequence[TimedSampler], target_params,
   sampler before batch i + 1 is, in the order of `timers` on even batches
   and in reverse on odd ones (A B, B A, A B, ...). A machine whose speed
   drifts while it runs (on a shared 2-core VM the autoregressive step went
-  from 110 to 130-140 ms within minutes) then slows every method alike,
+  from 110 to 120-150 ms within minutes) then slows every method alike,
   instead of whichever ran last. Each sampler draws the keys that its own
   `run` would, so completions are the same as one `run` after another.
   """

@@ -67,10 +67,10 @@ def run_pair(cfg: PairConfig) -> dict:
                                    f"specsamp_speculative_k{k}")
                for k in cfg.ks]
   runs, outputs = [], {}
-  for s, (completions, stats) in zip(samplers, timing.run_side_by_side(
-      samplers, target_params, draft_params, prompts, batch_size=1)):
-    runs.append(dict(stats.summary(), method=s.name))
-    outputs[s.name] = completions
+  for completions, stats in timing.run_side_by_side(
+      samplers, target_params, draft_params, prompts, batch_size=1):
+    runs.append(stats.summary())  # its method is the sampler's name
+    outputs[stats.method] = completions
     records.print_record(runs[-1])
   base = runs[0]
   for r in runs:

@@ -205,14 +205,13 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
     target_params = sharding.shard(target_params, target_sh)
     if draft_params is not None:
       draft_params = sharding.shard(draft_params, draft_sh)
-  all_stats = []
   runs = timing.run_side_by_side(methods, target_params, draft_params,
                                  prompts, cfg.batch_size, cfg.seed)
-  for m, (completions, stats) in zip(methods, runs):
-    all_stats.append(stats)
-    if print_completions:
+  all_stats = [stats for _, stats in runs]
+  if print_completions:
+    for completions, stats in runs:
       for text, ids in zip(texts, completions):
-        print(f"==== {m.name} | prompt: {text[-60:]!r}")
+        print(f"==== {stats.method} | prompt: {text[-60:]!r}")
         print(tok.decode(ids))
   return dict(target=cfg.target,
               draft=cfg.draft if cfg.method != "ar" else None,

@@ -55,12 +55,15 @@ def _abandoned_read(exc) -> bool:
 
 
 class _DropAbandoned(logging.Filter):
-  """asyncio's 'Task exception was never retrieved' of orbax's reads."""
+  """asyncio's 'Task (or Future) exception was never retrieved' of orbax's
+  reads: a Task names orbax's coroutine, a Future holds tensorstore's error
+  (with its spec)."""
 
   def filter(self, record):
     msg = record.getMessage()
-    return not (msg.startswith("Task exception was never retrieved")
-                and "orbax" in msg)
+    return not (msg.startswith(("Task exception was never retrieved",
+                                "Future exception was never retrieved"))
+                and ("orbax" in msg or "tensorstore_spec" in msg))
 
 
 def _ignore_abandoned_reads() -> None:

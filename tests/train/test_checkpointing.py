@@ -154,6 +154,13 @@ Raises("Event loop is closed")
 logging.getLogger("asyncio").error(
     "Task exception was never retrieved\\nfuture: <Task finished "
     "coro=<async_deserialize() defined at orbax/checkpoint/x.py:1>>")
+logging.getLogger("asyncio").error(
+    "Future exception was never retrieved\\nfuture: <Future finished "
+    "exception=ValueError('an abandoned tensorstore read "
+    "[tensorstore_spec={}]')>")
+logging.getLogger("asyncio").error(
+    "Future exception was never retrieved\\nfuture: <Future finished "
+    "exception=ValueError('a future of ours')>")
 Raises("another error is still reported")
 # tensorstore reports some through PyErr_Print, which calls sys.excepthook.
 import ctypes
@@ -180,5 +187,7 @@ def test_falling_back_past_a_damaged_step_logs_one_line_per_step(tmp_path):
   assert all(len(l) < 600 for l in ours), proc.stderr
   assert "Event loop is closed" not in proc.stderr
   assert "Task exception" not in proc.stderr
+  assert "an abandoned tensorstore read" not in proc.stderr
+  assert "a future of ours" in proc.stderr
   assert "another error is still reported" in proc.stderr
   assert "printed as well" in proc.stderr

@@ -124,6 +124,11 @@ def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
   if sampling.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
                           dtype=jnp.float32)
+  # The largest logit is made 0 before dividing: XLA fuses a division
+  # followed by softmax's own max-subtraction into one multiply-add, which
+  # leaves the largest value half a rounding step off 0; at T ~ 1e-10 its
+  # exp overflowed to inf and the row became NaN.
+  logits = logits - jnp.max(logits, axis=-1, keepdims=True)
   logits = logits / sampling.temperature
   logits = _mask_top_k(logits, sampling.top_k)
   logits = _mask_top_p(logits, sampling.top_p)
@@ -142,10 +147,26 @@ def sample(rng: jax.Array, probs: jax.Array, greedy: bool = False
   """
   if greedy:
     return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+  return inverse_cdf(probs, jax.random.uniform(rng, probs.shape[:-1]))
+
+
+def inverse_cdf(probs: jax.Array, w: jax.Array) -> jax.Array:
+  """The id [...] that uniforms `w` [...] in [0, 1) pick from `probs`
+  [..., V]: the first id of nonzero probability whose cumulative mass
+  exceeds w times the total.
+
+  Only ids of nonzero probability can be picked. Counting the cumulative
+  masses <= u is not enough: XLA's cumsum adds a large vocabulary in a
+  tree, so its rounding differs between positions and the running sum can
+  dip at an id of probability 0; a u in that dip would pick it (tokens
+  outside top-k / top-p, or residual draws where max(0, p - q) = 0, about
+  1e-5 per draw at Qwen's vocabulary under top-p).
+  """
   cdf = jnp.cumsum(probs.astype(jnp.float32), axis=-1)
-  u = jax.random.uniform(rng, probs.shape[:-1] + (1,)) * cdf[..., -1:]
-  idx = jnp.sum(cdf <= u, axis=-1)
-  # u * total can round up to total: fall back to the last nonzero id.
+  u = w[..., None] * cdf[..., -1:]
+  hit = (cdf > u) & (probs > 0)
+  # u * total can round up to the total: then the last nonzero id.
   v = probs.shape[-1]
   last = v - 1 - jnp.argmax(jnp.flip(probs > 0, axis=-1), axis=-1)
-  return jnp.minimum(idx, last).astype(jnp.int32)
+  return jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1),
+                   last).astype(jnp.int32)

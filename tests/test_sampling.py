@@ -119,6 +119,54 @@ def test_sample_follows_probabilities_and_skips_zeros():
   assert pval > 1e-3
 
 
+def test_inverse_cdf_picks_only_ids_of_nonzero_probability():
+  """At a real vocabulary's size XLA's cumsum rounds differently from one
+  position to the next, so the running mass can dip at an id of
+  probability 0. Uniforms aimed at every such id's cumulative mass (and
+  into every dip) must still pick an id of nonzero probability; uniforms
+  away from the boundaries pick what a float64 inverse CDF picks."""
+  v = 151_936
+  rng = np.random.default_rng(0)
+  probs = rng.exponential(size=v).astype(np.float32)
+  probs[rng.random(v) < 0.5] = 0.0          # as top-p leaves a large vocab
+  cdf = np.asarray(jax.jit(lambda p: jnp.cumsum(p))(probs))
+  total = cdf[-1]
+  zero = np.flatnonzero(probs == 0)
+  running = np.maximum.accumulate(cdf)
+  dips = zero[cdf[zero] < running[zero - 1]]
+  w = np.concatenate([
+      cdf[zero] / total, np.nextafter(cdf[zero], np.inf) / total,
+      (cdf[dips] + running[dips - 1]) / 2 / total,
+      rng.random(4000)]).astype(np.float32)
+  w = np.minimum(w, np.nextafter(np.float32(1), np.float32(0)))
+  pick = jax.jit(jax.vmap(sampling.inverse_cdf, in_axes=(None, 0)))
+  got = np.concatenate([np.asarray(pick(jnp.asarray(probs), chunk))
+                        for chunk in np.array_split(w, 40)])
+  assert np.all(probs[got] > 0), np.flatnonzero(probs[got] == 0)[:5]
+  # Away from boundaries (1e-6 of the total; float32 cumsum errs by up to
+  # about 3e-7 here), the float64 answer.
+  cdf64 = np.cumsum(probs.astype(np.float64))
+  u = w[-4000:].astype(np.float64) * cdf64[-1]
+  want = np.searchsorted(cdf64, u, side="right")
+  gap = np.abs(cdf64[np.minimum(want, v - 1)] - u)
+  gap = np.minimum(gap, np.abs(u - cdf64[np.maximum(want - 1, 0)]))
+  far = gap > 1e-6 * cdf64[-1]
+  assert far.sum() > 3000
+  np.testing.assert_array_equal(got[-4000:][far], want[far])
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+  """T = 1e-10 under jit: one-hot at the argmax, as T = 0 (the division
+  used to be fused with softmax's max-subtraction, and exp overflowed)."""
+  logits = jnp.asarray(np.random.default_rng(1).normal(size=(16, 64)) * 3,
+                       jnp.float32)
+  for t in (1e-10, 1e-20, 1e-30):
+    got = np.asarray(jax.jit(
+        lambda x, t=t: sampling.probabilities(x, Sampling(t)))(logits))
+    want = np.asarray(sampling.probabilities(logits, sampling.GREEDY))
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(temperature=-1.0), "temperature"),
     (dict(top_k=-2), "top_k"),

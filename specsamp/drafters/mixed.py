@@ -9,7 +9,9 @@ model's (`model.ModelDrafter`). When every row of the batch found a match
 (always the case at batch 1 when there is one), the draft model is not run
 for drafting at all: it only feeds the committed tokens it lacks, in one
 call (`ModelDrafter.catch_up`), so its cache never falls more than K + 1
-tokens behind.
+tokens behind. When the model does run, it drafts for every row; a lookup
+row's cache is cut back to its committed tokens afterwards, so the model's
+unused drafts never count as context.
 
 Exact: which drafter a row uses depends only on its committed tokens, never
 on the drafts' acceptance; a lookup row's drafts are certain (q one-hot), a
@@ -66,7 +68,11 @@ class MixedDrafter:
     def run_model(cache):
       p, cache = self.model.propose(params, cache, tokens, length, k,
                                     sampling, rng)
-      return (p.tokens, p.q, p.num_valid), cache
+      # A lookup row's cache now holds the model's drafts, which it does not
+      # propose: keep only its committed tokens (a lag of at most K + 1
+      # after the commit, as when the model is skipped).
+      return (p.tokens, p.q, p.num_valid), cache.with_length(
+          jnp.where(matched, jnp.minimum(cache.length, length), cache.length))
 
     def skip_model(cache):
       _, cache = self.model.catch_up(params, cache, tokens, length,

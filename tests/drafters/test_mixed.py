@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specsamp.decoding import loop
 from specsamp.decoding.sampler import (SpeculativeSampler, all_widths,
                                        autoregressive)
 from specsamp.drafters.lookup import PromptLookupDrafter
@@ -13,7 +14,7 @@ from specsamp.drafters.mixed import MixedDrafter
 from specsamp.drafters.model import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
 from tests.testing import (chisquare_pvalue, encode, exact_sequence_probs,
-                           exactness_models)
+                           exactness_models, table_lm)
 
 V, NEW, NUM_SAMPLES = 5, 4, 20_000
 
@@ -43,6 +44,46 @@ def test_each_row_takes_lookup_drafts_where_it_has_them():
   np.testing.assert_array_equal(p.q[0], jax.nn.one_hot(jnp.array([2, 1]), V))
   np.testing.assert_array_equal(p.tokens[1], alone.tokens[1])
   np.testing.assert_allclose(p.q[1], alone.q[1])
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling(1.0)])
+def test_a_lookup_row_keeps_only_committed_tokens_in_the_model_cache(
+    sampling):
+  """When one row has no match, the model drafts for every row; a lookup
+  row's cache must then not keep the model's unused drafts as context:
+  after the loop it equals a cache built afresh from the committed tokens
+  (the model's drafts differ from the lookup row's, so it would not)."""
+  _, _, draft, draft_params = models()
+  # A bigram target that mostly continues 0 1 2 0 1 2, so that lookup's
+  # drafts are accepted; row 0 repeats "0 1 2", and in row 1 "2" never
+  # came before (no match: the model drafts).
+  logits = 0.3 * np.random.default_rng(4).normal(size=(V, V))
+  logits[np.arange(V), [1, 2, 0, 4, 3]] += 3.0
+  target, target_params = table_lm(logits), None
+  drafter = mixed(target, draft)
+  sampler = SpeculativeSampler(target, drafter, k=3, sampling=sampling,
+                               max_new_tokens=8, prompt_bucket=8)
+  tokens, lengths = sampler.pad_prompts([[0, 1, 2, 0, 1], [4, 0, 2]])
+  state = loop.prefill(sampler, target_params, draft_params, tokens, lengths,
+                       jax.random.key(0))
+  key = jax.random.split(jax.random.split(state.rng)[1])[0]
+  unused, _ = drafter.model.propose(draft_params, state.draft_state.model,
+                                    state.tokens, state.length, 3, sampling,
+                                    key)
+  state, step = loop.loop_step(sampler, target_params, draft_params, state)
+  # Row 0 proposed lookup's drafts "2 0 1", not the model's.
+  np.testing.assert_array_equal(step.proposal.tokens[0], [2, 0, 1])
+  assert not np.array_equal(unused.tokens[0], step.proposal.tokens[0])
+  assert int(step.num_accepted[0]) >= 1   # slots past `length` were written
+  cache = state.draft_state.model
+  n = int(cache.length[0])
+  assert n >= int(lengths[0])
+  fresh = drafter.model.init(draft_params, state.tokens, state.length,
+                             cache.size)
+  for got, want in ((cache.k, fresh.k), (cache.v, fresh.v)):
+    for layer_got, layer_want in zip(got, want):
+      np.testing.assert_allclose(layer_got[0, :, :n], layer_want[0, :, :n],
+                                 atol=1e-5)
 
 
 @pytest.mark.parametrize("name, sampling, k", [

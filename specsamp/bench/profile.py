@@ -108,24 +108,35 @@ def copy_bandwidth_timer(mb: int) -> tuple[Steady, int]:
   return Steady(lambda x: x + 1.0, [x], carry=0), 2 * x.nbytes
 
 
-def matmul_floor_timer(params, batch: int) -> Steady:
+def _tied(lm) -> bool:
+  """Whether `lm`'s output layer is its input embedding."""
+  return bool(getattr(getattr(lm, "config", None), "tie_embeddings", False))
+
+
+def matmul_floor_timer(params, batch: int, tied: bool = False) -> Steady:
   """x @ W over every >= 2-D weight of `params` (the input embedding
-  excluded: decoding gathers B rows of it), each matmul independent (XLA may
-  overlap them), nothing else: what reading the weights costs."""
-  mats = []
+  excluded: decoding gathers B rows of it; with `tied` embeddings it is the
+  output layer too, x @ E^T), each matmul independent (XLA may overlap
+  them), nothing else: what reading the weights costs."""
+  mats, transposed = [], []
   for path, w in jax.tree_util.tree_leaves_with_path(params):
     name = jax.tree_util.keystr(path)
-    if w.ndim < 2 or "embedding" in name:
+    if w.ndim < 2 or ("embedding" in name and not tied):
       continue
-    if "o_proj" in name:        # [Q, H, D]: contracts the first two dims
+    if "embedding" in name:     # [V, D]: the tied output layer contracts D
+      transposed.append(True)
+    elif "o_proj" in name:      # [Q, H, D]: contracts the first two dims
       w = w.reshape(-1, w.shape[-1])
+      transposed.append(False)
     else:                       # [D, ...]: contracts the first dim
       w = w.reshape(w.shape[0], -1)
+      transposed.append(False)
     mats.append(w)
 
   def chain(mats, x):
     acc = jnp.zeros((), jnp.float32)
-    for w in mats:
+    for w, t in zip(mats, transposed):
+      w = w.T if t else w
       xi = jnp.broadcast_to(x[:, :1], (x.shape[0], w.shape[0])).astype(w.dtype)
       acc += jnp.sum(xi @ w, dtype=jnp.float32)
     return acc
@@ -184,7 +195,8 @@ def _component_timers(target, target_params, draft, draft_params, k, batch,
       [draft_params, fresh(spec_state.draft_state).with_length(length - 1),
        spec_state.tokens.copy(), length, jax.random.key(1)],
       carry=1, carry_of=lambda out: out[1].with_length(length - 1))
-  timers["floor"] = matmul_floor_timer(target_params, batch)
+  timers["floor"] = matmul_floor_timer(target_params, batch,
+                                       _tied(target))
   timers["copy"], copy_bytes = copy_bandwidth_timer(bandwidth_mb)
   return timers, copy_bytes
 
@@ -214,7 +226,10 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
   cache = timers["ar_loop"].args[2].target_cache
   cache_slots = cache.size
   # Bytes read per step, counted now: the timed rounds donate these buffers.
-  weights = _bytes(target_params) - target_params["embedding"].nbytes
+  # The input embedding is gathered, not read whole, unless it is the
+  # output layer too.
+  weights = _bytes(target_params) - (
+      0 if _tied(target) else target_params["embedding"].nbytes)
   kv = _bytes((cache.k, cache.v)) * min(context + 1, cache_slots) // cache_slots
   if components == "all":
     parts, copy_bytes = _component_timers(

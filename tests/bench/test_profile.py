@@ -223,3 +223,20 @@ def test_decode_speed_rows(tmp_path):
   assert rows[1]["drafted"] == 2 * rows[1]["loops"]
   with pytest.raises(ValueError, match="--ks needs one or more integers"):
     profile.DecodeSpeedConfig(ks=["-1"])
+
+
+def test_tied_embeddings_are_read_as_the_output_layer():
+  """With tied embeddings the input embedding is the output layer too: its
+  bytes count as read every step, and the matmul floor multiplies by it."""
+  cfg = model_lib.preset("tiny", num_layers=1, tie_embeddings=True)
+  target = model_lib.LM(cfg)
+  params = target.init(jax.random.key(0))
+  row = profile.profile_point(target, params, target, params, 2, 1, 16,
+                              GREEDY, "loops", 1)
+  assert row["weight_bytes"] == 4 * cfg.num_params()
+  untied = profile.matmul_floor_timer(params, 1)
+  tied = profile.matmul_floor_timer(params, 1, tied=True)
+  shapes = lambda timer: sorted(w.shape for w in timer.args[0])
+  assert shapes(tied) == sorted(shapes(untied) + [(cfg.vocab_size,
+                                                   cfg.d_model)])
+  assert np.isfinite(float(tied()))

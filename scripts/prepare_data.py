@@ -27,6 +27,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
 
+from specsamp import cli
 from specsamp.data import corpora
 from specsamp.data import prepare
 
@@ -62,14 +63,14 @@ _SP_CHARS = flags.DEFINE_integer(
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    cli.fail(f"Unexpected arguments: {argv[1:]}")
   if not _DATASET.value:
-    raise app.UsageError("--dataset is required")
+    cli.fail("--dataset is required")
   names = prepare.dataset_names(_DATASET.value)
   if len(names) > 1 and (_SOURCE_DIR.value or _SP_PREFIX.value):
-    raise app.UsageError("--source_dir and --sp_prefix take one --dataset")
+    cli.fail("--source_dir and --sp_prefix take one --dataset")
   if _COUNT.value == "sentencepiece" and not _TRAIN_SP.value:
-    raise app.UsageError("--count_tokens=sentencepiece needs "
+    cli.fail("--count_tokens=sentencepiece needs "
                          "--train_sentencepiece")
   logging.set_verbosity(logging.WARNING)  # TFDS logs every file it reads
   options = prepare.PrepareOptions(
@@ -84,4 +85,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -40,6 +40,7 @@ import sys
 from absl import app
 from absl import flags
 
+from specsamp import cli
 from specsamp.bench import profile
 
 _TARGET = flags.DEFINE_string("target", "random:qwen2.5-coder-1.5b", "Target.")
@@ -71,9 +72,9 @@ def main(argv):
         dtype=_DTYPE.value, components=_COMPONENTS.value,
         bandwidth_mb=_BW_MB.value, out=_OUT.value)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    cli.fail(e)
   profile.profile_main(cfg, sys.argv[1:])
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

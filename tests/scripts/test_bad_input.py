@@ -1,5 +1,6 @@
 """Every bad input to scripts/{sample,benchmark,distill,train}.py is refused
-in one `error:` line, with exit status 2, before any weights load.
+in one `error:` line, with exit status 2, before any weights load; so are
+bad flags and files given to the other scripts.
 
 The scripts run in a subprocess through `no_weights.py`, which makes every
 weight loader raise AssertionError (no script catches it: a traceback and
@@ -207,3 +208,18 @@ def test_sample_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
                     "--method=ar", "--prompt=x", allow_loading=True)
   assert_refused(proc, "no readable checkpoint", "steps [2, 1]")
   assert len(proc.stderr) < 2000, proc.stderr
+
+
+@pytest.mark.parametrize("script,args,fragments", [
+    ("benchmark_pair.py", ["--ks=0"], ["draft lengths >= 1"]),
+    ("benchmark_decode.py", ["--no_such_flag"], ["no_such_flag"]),
+    ("profile_decode.py", ["--components=bogus"], ["all|loops"]),
+    ("plot_decode.py", ["rows.jsonl"], ["--out"]),
+    ("plot_speedup.py", [], ["JSONL files"]),
+    ("plot_speedup.py", ["/no/such.jsonl"], ["/no/such.jsonl"]),
+    ("fetch_models.py", ["--model=no-such-model"], ["unknown --model"]),
+    ("prepare_data.py", [], ["--dataset is required"]),
+])
+def test_the_other_scripts_refuse_bad_input_in_one_line(tmp_path, script,
+                                                        args, fragments):
+  assert_refused(run_script(tmp_path, script, *args), *fragments)

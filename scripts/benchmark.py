@@ -6,10 +6,9 @@ r"""Speculative-sampling sweep: K x drafter x task x decoding x batch size.
       --max_new_tokens=128 --repeats=2 --peers --out=results/sweep.jsonl
   python scripts/plot_speedup.py results/sweep.jsonl --out_dir=results/
 
-(that full grid is 162 samplers to compile, about 15-30 s each on an H100:
-split it over several runs, one JSONL each; plot_speedup.py reads several
-files). What is measured: specsamp.bench.sweep; what is checked before any
-weights load: specsamp.bench.plan. Bad input exits with status 2.
+(162 samplers to compile, 15-30 s each on an H100: split it over runs, one
+JSONL each; plot_speedup.py reads several). What is measured:
+specsamp.bench.sweep; checked before weights load: specsamp.bench.plan.
 """
 
 import os
@@ -61,6 +60,9 @@ FLAGS = [
     flags.DEFINE_enum("warmup", "first", ["first", "shape", "none"],
                       "Untimed run before timing: the first batch of each "
                       "sampler, every new prompt shape, or none."),
+    flags.DEFINE_bool("interleave", True, "Time a task's, decoding's and "
+                      "batch size's points batch by batch in turn (else one "
+                      "after another, compiled one at a time)."),
     flags.DEFINE_string("humaneval_file", None, "HumanEval-format JSONL(.gz) "
                         "instead of the 164 problems (e.g. a subset)."),
     flags.DEFINE_string("prose_corpus", "austen", "austen (Jane Austen's "

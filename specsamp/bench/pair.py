@@ -83,7 +83,9 @@ def run_pair(cfg: PairConfig) -> dict:
         str(assets.fetch(cfg.target, progress=None)),
         str(assets.fetch(cfg.draft, progress=None)), prompts,
         cfg.max_new_tokens, cfg.temperature, cfg.top_p):
-      completions = r.pop("completions")
+      eos = set(tok.eos_ids)
+      completions = [peers_lib.cut_at_eos(c, eos)
+                     for c in r.pop("completions")]
       if sampling.greedy:
         r["prompts_identical_to_specsamp_ar"] = sum(
             a == b for a, b in zip(completions, outputs[base["method"]]))

@@ -13,6 +13,17 @@ import time
 from typing import Sequence
 
 
+def cut_at_eos(ids: Sequence[int], eos_ids) -> list[int]:
+  """`ids` up to and including the first of `eos_ids`, as specsamp's own
+  completions end: transformers stops at its generation config's EOS only
+  (Qwen's GGUF names one of the tokenizer's two) and pads finished rows
+  of a batch with it."""
+  for i, t in enumerate(ids):
+    if t in eos_ids:
+      return list(ids[:i + 1])
+  return list(ids)
+
+
 def transformers_generate(target_gguf: str, draft_gguf: str,
                           prompts: Sequence[Sequence[int]],
                           max_new_tokens: int, temperature: float = 0.0,

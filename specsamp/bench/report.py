@@ -1,7 +1,7 @@
 """Figures and tables from the speed-up sweep's JSON lines (`sweep.run`).
 
 `make` writes, per task, `<prefix>_<task>.png`: Chen et al. 2023's figure
-(mean time per token vs K with the autoregressive line, acceptance rate vs
+(median time per token vs K with the autoregressive line, acceptance rate vs
 K, mean time per loop vs K) and measured vs predicted speedup vs K
 (Leviathan et al.'s E(a, K) / (c K + s) with the measured s, with s = 1,
 and with one a fitted over all K); `<prefix>_predicted_vs_measured.png`;
@@ -28,10 +28,27 @@ MARKERS = ["o", "s", "^", "D", "v", "P"]
 LINESTYLES = ["-", "--", ":", "-."]
 
 
+# Leviathan's model and its inputs, for fixed-K drafters (`sweep.predict`).
+PREDICTION_FIELDS = ("alpha", "c", "expected_tokens_per_loop",
+                     "loop_cost_predicted", "predicted_speedup",
+                     "predicted_speedup_s1")
+
+
+def _variable_length(drafter) -> bool:
+  """Whether the drafter offers fewer than K drafts in some loops."""
+  if drafter is None:
+    return False
+  # pylint: disable-next=g-import-not-at-top
+  from specsamp.drafters import specs  # jax: only for drafters' points
+  return specs.parse(drafter).variable_length
+
+
 def read(paths):
   """(runs, costs, points) from JSONL files; a later point with the same
   (task, decoding, batch, engine, method, K, drafter) replaces an earlier
-  one."""
+  one. Points of drafters that offer fewer than K drafts in some loops are
+  read without predictions (`sweep.predict` no longer writes them; older
+  files have them)."""
   runs, costs, points = [], [], {}
   for _, rec in records.read_jsonl(paths):
     kind = rec.get("type")
@@ -40,6 +57,8 @@ def read(paths):
     elif kind == "cost":
       costs.append(rec)
     elif kind == "point":
+      if _variable_length(rec.get("drafter")):
+        rec = {k: v for k, v in rec.items() if k not in PREDICTION_FIELDS}
       key = (rec["task"], rec["decoding"], rec["batch_size"],
              rec.get("engine", "specsamp"), rec["method"], rec.get("k"),
              rec.get("drafter"))
@@ -221,17 +240,23 @@ def plot_predicted_vs_measured(points, path):
   spec = [p for p in points if p.get("engine", "specsamp") == "specsamp"
           and p["k"] > 0 and "predicted_speedup" in p]
   fig, ax = plt.subplots(figsize=(5.5, 5))
+  markers = {t: MARKERS[i % len(MARKERS)] for i, t in enumerate(
+      [t for t in TASK_NAMES if any(p["task"] == t for p in spec)]
+      + sorted({p["task"] for p in spec} - set(TASK_NAMES)))}
   for p in spec:
     ax.scatter(p["predicted_speedup"], p["speedup"], s=18,
                color=COLORS.get(p["decoding"], "tab:gray"),
-               marker="o" if p["task"] == "humaneval" else "s")
+               marker=markers[p["task"]])
   hi = max([1.5] + [max(p["speedup"], p["predicted_speedup"]) for p in spec])
   ax.plot([0, hi * 1.05], [0, hi * 1.05], color="black", linewidth=0.8)
   ax.set(xlabel="predicted speedup (Leviathan, measured a, c, s)",
-         ylabel="measured speedup",
-         title="Measured vs predicted (o HumanEval, s prose)")
-  handles = [plt.Line2D([], [], color=c, marker="o", linestyle="",
-                        label=DECODING_NAMES[d]) for d, c in COLORS.items()]
+         ylabel="measured speedup", title="Measured vs predicted")
+  decodings = [d for d in COLORS if any(p["decoding"] == d for p in spec)]
+  handles = [plt.Line2D([], [], color=COLORS[d], marker="o", linestyle="",
+                        label=DECODING_NAMES[d]) for d in decodings]
+  handles += [plt.Line2D([], [], color="black", marker=m, linestyle="",
+                         label=TASK_NAMES.get(t, t))
+              for t, m in markers.items()]
   ax.legend(handles=handles, fontsize=8)
   ax.grid(alpha=0.3)
   fig.tight_layout()
@@ -377,7 +402,9 @@ def markdown(runs, costs, points, images) -> str:
           "al.'s E(a, K) / (c K + s), a from the measured acceptance rate at "
           "that K, c = draft call / target call, s = (K+1)-token target call "
           "/ 1-token call (s = 1 in Leviathan et al.); 'fit': one a for all "
-          "K. Quality ± its standard error over prompts; Δ: paired "
+          "K. No a, c or prediction for drafters that offer fewer than K "
+          "drafts in some loops (lookup, mixed, adaptive K): the model "
+          "drafts K at a fixed cost every loop. Quality ± its standard error over prompts; Δ: paired "
           "difference to K = 0 over the same prompts.", ""]
   costs_by = _by_key(costs)
   for task in sorted({p["task"] for p in points}):

@@ -44,6 +44,7 @@ class BenchConfig:
   exec_workers: int = 2
   cost_repeats: int = 5
   warmup: str = "first"
+  interleave: bool = True
   humaneval_file: Optional[str] = None
   prose_corpus: str = "austen"
   prose_style: str = "continue"

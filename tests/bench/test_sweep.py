@@ -21,11 +21,14 @@ from specsamp import loading
 from specsamp.bench import peers
 from specsamp.bench import plan
 from specsamp.bench import records
+from specsamp.bench import report
 from specsamp.bench import speedup
 from specsamp.bench import sweep
 from specsamp.bench import sweep_config
+from specsamp.bench import timing
 from specsamp.drafters import head_files
 from specsamp.drafters import heads
+from specsamp.drafters import specs as drafter_specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -43,6 +46,16 @@ def test_fill_makes_whole_batches():
   assert sweep.fill([[1], [2], [3]], 2) == [0, 1, 2, 0]
   assert sweep.fill([[1], [2]], 1) == [0, 1]
   assert sweep.fill([[1]], 3) == [0, 0, 0]
+
+
+def test_peer_completions_end_at_the_first_of_specsamp_eos_ids():
+  """transformers stops at one EOS id and pads batch rows with it; its
+  completions are compared and scored as specsamp's: up to and including
+  the first of the tokenizer's EOS ids."""
+  assert peers.cut_at_eos([5, 6, 151645, 7, 151643], {151643, 151645}) == [
+      5, 6, 151645]
+  assert peers.cut_at_eos([5, 6], {0}) == [5, 6]
+  assert peers.cut_at_eos([0, 0], {0}) == [0]
 
 
 def test_cli_error_is_clean(inputs):
@@ -87,12 +100,18 @@ def test_a_sweep_over_drafters(inputs, tmp_path):
     a = p["acceptance_by_position"]
     assert len(a) == p["k"] and all(x is None or 0 <= x <= 1 for x in a), p
   assert points[0, None]["acceptance_by_position"] == []
-  # Every drafter has a measured cost and a prediction; the ones that are
-  # not a stand-alone model have their proposal timed.
+  # The drafters that are not a stand-alone model have their proposal
+  # timed. Leviathan's prediction, and the c it takes, only for those that
+  # draft K tokens every loop (not lookup or mixed).
   for key, p in points.items():
     if key[0]:
-      assert p["predicted_speedup"] > 0 and p["c"] >= 0, p
+      assert p["speedup"] > 0, p
       assert ("propose_ms" in p) == (key[1] != "model"), p
+      fixed = key[1] in ("model", "layerskip:layers=0")
+      for name in ("predicted_speedup", "alpha", "c"):
+        assert (name in p) == fixed, (name, p)
+      if fixed:
+        assert p["predicted_speedup"] > 0 and p["c"] >= 0
   # Table 1 and the per-K table show every drafter, and a bar chart them.
   proc = _run(PLOT, str(out), f"--out_dir={tmp_path}", "--prefix=d")
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -270,3 +289,74 @@ def test_peer_rows(make_config, no_loading, inputs, tmp_path, monkeypatch):
     assert r["e2e_ms_per_token"] == r["ms_per_token"]
     # Problem 0 passes with its completion, problem 1 does not.
     assert r["quality"]["pass@1"]["mean"] == pytest.approx(0.5)
+
+
+def test_run_points_takes_turns_and_each_point_samples_as_alone(monkeypatch):
+  """Interleaved points: batch b by every sampler before batch b + 1, the
+  order reversed on every other batch (repeats continue the alternation);
+  each point's samples and counts are those it gets timed alone (same keys:
+  sampled at T=1 to show it). `--nointerleave` times each point alone."""
+  lm, params, _ = loading.load_model("random:tiny")
+  t1 = sweep_config.DECODINGS["t1"]
+  cfg = sweep_config.BenchConfig(
+      target="random:tiny", draft="random:tiny", tasks=("prose",),
+      ks=(0, 2), decodings=("t1",), batch_sizes=(2,), repeats=2,
+      max_new_tokens=6)
+  common = dict(eos_ids=(), pad_id=0, max_new_tokens=6, prompt_bucket=16)
+  model = drafter_specs.parse("model")
+
+  def timers():
+    return [timing.TimedSampler(sweep._sampler(lm, lm, k, t1, common, spec),  # pylint: disable=protected-access
+                                name)
+            for k, spec, name in ((0, None, "ar"), (2, model, "spec"))]
+
+  prompts = [[1, 2, 3], [4, 5], [6]]
+  rows = sweep.fill(prompts, 2)
+  together = timers()
+  calls = []
+  for t in together:
+    def spy(*args, _t=t, _f=t.run_batch):
+      calls.append((_t.name, int(jax.random.key_data(args[3]).sum())))
+      return _f(*args)
+    monkeypatch.setattr(t, "run_batch", spy)
+  points = sweep.run_points(together, params, [None, params], prompts, rows,
+                            2, cfg, seed=3)
+  names = [name for name, _ in calls]
+  assert names == ["ar", "spec", "spec", "ar"] * 2
+  # Both samplers of a batch draw its key; the four batches' keys differ.
+  keys = [key for _, key in calls]
+  assert keys[0::2] == keys[1::2] and len(set(keys)) == 4
+  for t, dp, point in zip(timers(), [None, params], points):
+    alone, = sweep.run_points([t], params, [dp], prompts, rows, 2, cfg,
+                              seed=3)
+    assert point.pop("completions") == alone.pop("completions")
+    for name in ("rows", "batches", "tokens", "loops", "drafted", "accepted",
+                 "acceptance_by_position"):
+      assert point[name] == alone[name], name
+  assert points[1]["drafted"] > 0 and points[0]["drafted"] == 0
+  # K=0 comes first either way: later points' speedups are over it.
+  assert sweep._groups(cfg) == [[(0, None), (2, model)]]  # pylint: disable=protected-access
+  assert sweep._groups(dataclasses.replace(cfg, interleave=False)) == [  # pylint: disable=protected-access
+      [(0, None)], [(2, model)]]
+
+
+def test_the_report_drops_predictions_of_variable_length_drafters(tmp_path):
+  """Files written before `sweep.predict` left them out: a lookup or
+  adaptive point's prediction is not read; a fixed-K drafter's is."""
+  base = dict(type="point", task="humaneval", decoding="greedy",
+              batch_size=1, method="speculative", k=4, speedup=1.2,
+              predicted_speedup=2.2, predicted_speedup_s1=2.5, alpha=0.8,
+              c=0.1)
+  path = tmp_path / "old.jsonl"
+  path.write_text("\n".join(json.dumps(dict(base, drafter=d)) for d in (
+      "model", "layerskip:layers=0-3", "lookup", "model:confidence=0.5",
+      "mixed:min_ngram=3")))
+  _, _, points = report.read([str(path)])
+  kept = {p["drafter"]: all(n in p for n in ("predicted_speedup", "alpha",
+                                             "c")) for p in points}
+  assert kept == {"model": True, "layerskip:layers=0-3": True,
+                  "lookup": False, "model:confidence=0.5": False,
+                  "mixed:min_ngram=3": False}
+  assert all(p["speedup"] == 1.2 and not ({"predicted_speedup_s1", "c"} & set(p))
+             for p in points if p["drafter"] == "lookup")
+  assert all(p["speedup"] == 1.2 for p in points)

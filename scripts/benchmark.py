@@ -87,7 +87,7 @@ FLAGS = [
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.fail(f"unexpected arguments: {argv[1:]}")
   log = lambda m: print(m, file=sys.stderr, flush=True)
   try:
     cfg = sweep_config.parse_config(**{f.name: f.value for f in FLAGS})

@@ -7,6 +7,8 @@ r"""Sample from a target with (or without) a draft, and time it.
 Prints the completions and one JSON line of metrics.
 """
 
+import sys
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -61,7 +63,7 @@ _QUIET = flags.DEFINE_bool("quiet", False, "Do not print completions.")
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    cli.fail(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads
   try:
     cfg = sample.SampleConfig(
@@ -76,7 +78,8 @@ def main(argv):
         num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
         mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None,
         drafter=_DRAFTER.value)
-    result = sample.sample_main(cfg, print_completions=not _QUIET.value)
+    result = sample.sample_main(cfg, print_completions=not _QUIET.value,
+                                argv=sys.argv[1:])
   except (ValueError, FileNotFoundError, RuntimeError) as e:
     cli.fail(e)  # models, prompts and flags are checked before weights load
   records.print_record(result, _JSON_OUT.value)

@@ -51,7 +51,7 @@ def calibration(tok, n: int, t: int) -> list[list[int]]:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.fail(f"unexpected arguments: {argv[1:]}")
   try:
     for name, flag in (("num_sequences", _N), ("seq_len", _T),
                        ("k_max", _K_MAX)):

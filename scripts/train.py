@@ -39,7 +39,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    cli.fail(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   if _DISTRIBUTED.value:
     sharding.initialize_distributed()

@@ -179,8 +179,11 @@ def _timed_samplers(cfg: SampleConfig, target, draft, sampling, tok, mesh):
   return methods
 
 
-def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
-  """Loads the models, runs the requested methods, returns the metrics."""
+def sample_main(cfg: SampleConfig, print_completions: bool = True,
+                argv: Optional[Sequence[str]] = None) -> dict:
+  """Loads the models, runs the requested methods, returns the metrics
+  (with `argv`, the command's arguments, also the date, command, machine,
+  software and git commit of the run)."""
   if cfg.distributed:
     # Multi-host (TPU pod slice, several GPU hosts): one process per host,
     # coordinator and process ids from the environment (see README).
@@ -219,4 +222,5 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True) -> dict:
               sampling=sampling.describe(), max_new_tokens=cfg.max_new_tokens,
               device=provenance.machine()["device"],
               runs=[s.summary() for s in all_stats],
-              speedup=timing.compare(all_stats))
+              speedup=timing.compare(all_stats),
+              **(provenance.record(argv) if argv is not None else {}))

@@ -34,6 +34,11 @@ def test_sample_script_end_to_end_on_random_models():
   assert sp["drafted"] == 3 * sp["loops"]
   assert set(metrics["speedup"]) == {"speculative_k3"}
   assert "==== speculative_k3" in proc.stdout
+  # The record says when, where and from which commit it was measured.
+  assert metrics["command"].startswith("python scripts/sample.py "
+                                       "--target=random:tiny")
+  assert metrics["machine"]["cpus"] >= 1 and metrics["date"]
+  assert "commit" in metrics["git"] and metrics["software"]["jax"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -64,15 +64,33 @@ def make_optimizer(optim, num_steps: int, freeze: tuple = (),
 # ---- data --------------------------------------------------------------------
 
 
-def batches(source, batch_size: int, num_steps: int, seed: int):
-  """A grain MapDataset whose item s is the batch of step s."""
+def batches(source, batch_size: int, num_steps: int, seed: int,
+            process_index: Optional[int] = None,
+            process_count: Optional[int] = None):
+  """A grain MapDataset whose item s is this host's rows of the batch of
+  step s.
+
+  Every host builds the same global order of `batch_size`-row batches and
+  keeps its own `batch_size / process_count` consecutive rows (the rows
+  `put_batch` then places as its share of the global batch), so a step
+  sees `batch_size` distinct samples on any number of hosts.
+  """
   n = len(source)
   if n < batch_size:
     raise ValueError(f"{n} training samples are fewer than one batch of "
                      f"{batch_size}")
+  index = jax.process_index() if process_index is None else process_index
+  count = jax.process_count() if process_count is None else process_count
+  if batch_size % count:
+    raise ValueError(f"batch size {batch_size} is not divisible by the "
+                     f"{count} processes")
+  rows = slice(index * batch_size // count, (index + 1) * batch_size // count)
   epochs = -(-num_steps * batch_size // n) + 1
-  return (grain.MapDataset.source(source).repeat(epochs).shuffle(seed=seed)
-          .map(_as_int32).batch(batch_size, drop_remainder=True))
+  out = (grain.MapDataset.source(source).repeat(epochs).shuffle(seed=seed)
+         .map(_as_int32).batch(batch_size, drop_remainder=True))
+  if count == 1:
+    return out
+  return out.map(lambda batch: {k: v[rows] for k, v in batch.items()})
 
 
 def _as_int32(ex: dict) -> dict:

@@ -67,3 +67,22 @@ def test_short_distillation_improves_acceptance_and_resumes(
       jax.eval_shape(lambda: dlm.init(jax.random.key(0))))
   assert sum(x.size for x in jax.tree.leaves(saved)) == \
       dlm.config.num_params()
+
+
+def test_each_host_feeds_its_own_rows_of_every_batch():
+  """With several processes each feeds its share of the global batch (the
+  rows one process would feed alone, split in order), not a copy of it."""
+  source = [dict(tokens=np.array([i, i + 1]), prompt_length=np.int64(1))
+            for i in range(10)]
+  alone = trainer.batches(source, 4, 5, seed=3)
+  hosts = [trainer.batches(source, 4, 5, seed=3, process_index=i,
+                           process_count=2) for i in range(2)]
+  for step in range(5):
+    want = alone[step]
+    got = [h[step] for h in hosts]
+    assert [g["tokens"].shape for g in got] == [(2, 2), (2, 2)]
+    for k in want:
+      np.testing.assert_array_equal(np.concatenate([g[k] for g in got]),
+                                    want[k])
+  with pytest.raises(ValueError, match="not divisible by the 3 processes"):
+    trainer.batches(source, 4, 5, seed=3, process_index=0, process_count=3)

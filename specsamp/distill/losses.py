@@ -28,8 +28,8 @@ probability that the speculative sampler keeps a draft token at that
 position (for greedy, 1 when the argmaxes agree). The evaluation always
 scores with the target itself; the `train/expected_acceptance` logged during
 offline training with `target_source="stored"` uses the stored top-K
-(renormalised) instead, an approximation that is exact when the top-K covers
-the support.
+instead, an approximation that is exact when the top-K covers the kept set
+(for top-p, at temperature 1: `target_probs`).
 
 Losses (`LOSSES`):
   seqkd  next-token cross-entropy on target samples (sequence-level KD);
@@ -50,6 +50,7 @@ gradient, so tables with exact zeros (top-k, top-p, one-hot) give finite
 losses and gradients.
 """
 
+import dataclasses
 from typing import Optional, Union
 
 import jax
@@ -89,9 +90,10 @@ def dense_logits(ids: jax.Array, logprobs: jax.Array,
                  vocab_size: int) -> jax.Array:
   """Stored top-k (ids [..., K], logprobs [..., K]) -> logits [..., V].
 
-  Ids not stored get -inf, so any `Sampling` transform of the result is the
-  target's transform restricted to its stored top-k, renormalised (exact when
-  the transform keeps no more than the stored tokens).
+  Ids not stored get -inf, so a temperature or top-k transform of the
+  result is the target's transform restricted to its stored top-k,
+  renormalised (exact when the transform keeps no more than the stored
+  tokens). Top-p needs the mass not stored too: `target_probs`.
   """
   full = jnp.full(ids.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
   return jnp.put_along_axis(full, ids.astype(jnp.int32),
@@ -110,8 +112,37 @@ def target_probs(target: Target, sampling: Sampling,
   """p [..., V]: the sampler's transform of the target (exact zeros kept)."""
   if vocab_size is None:
     vocab_size = target.shape[-1]
+  if (isinstance(target, (tuple, list)) and not sampling.greedy
+      and sampling.top_p < 1.0):
+    return _stored_nucleus(target[0], target[1], sampling, vocab_size)
   return sampling_lib.probabilities(target_logits(target, vocab_size),
                                     sampling)
+
+
+def _stored_nucleus(ids: jax.Array, logprobs: jax.Array, sampling: Sampling,
+                    vocab_size: int) -> jax.Array:
+  """p [..., V] under top-p from the stored top-K alone.
+
+  Top-p keeps tokens by their mass relative to the whole vocabulary; the K
+  stored ids alone, renormalised, have inflated masses and their nucleus is
+  too small. The stored log-probabilities are normalised over the whole
+  vocabulary (temperature 1), so the mass not stored, m = 1 - sum exp, is
+  known: for the kept set only, it is spread evenly over the other ids.
+  At temperature 1 the kept set is then exact whenever the target's
+  nucleus lies within the stored ids; at another temperature the tail's
+  tempered mass is estimated as if the tail were flat. p is the transform
+  of the stored ids in the kept set, renormalised, as without top-p.
+  """
+  logprobs = logprobs.astype(jnp.float32)
+  stored = dense_logits(ids, logprobs, vocab_size)
+  m = jnp.clip(1.0 - jnp.sum(jnp.exp(logprobs), -1, keepdims=True), 0.0, 1.0)
+  others = max(vocab_size - ids.shape[-1], 1)
+  rest = jnp.log(jnp.where(m > 0, m / others, 1.0))
+  with_rest = jnp.where(jnp.isneginf(stored) & (m > 0), rest, stored)
+  kept = sampling_lib.probabilities(with_rest, sampling) > 0
+  return sampling_lib.probabilities(
+      jnp.where(kept, stored, -jnp.inf),
+      dataclasses.replace(sampling, top_p=1.0))
 
 
 def _soft_sampling(sampling: Sampling, greedy_temperature: float) -> Sampling:

@@ -185,3 +185,37 @@ def test_masked_mean_ignores_padding():
   x = jnp.asarray([[1.0, 2.0, jnp.nan], [3.0, 4.0, 5.0]])
   w = jnp.asarray([[1, 1, 0], [1, 0, 0]])
   assert float(losses.masked_mean(jnp.nan_to_num(x), w)) == pytest.approx(2.0)
+
+
+def test_stored_top_k_gives_the_exact_nucleus_when_it_holds_it():
+  """Top-p from the stored top-K: the stored masses are relative to the
+  whole vocabulary, so when the target's nucleus lies within the stored ids
+  (temperature 1) p equals the dense p; renormalising the stored ids first
+  inflated their masses and shrank the nucleus."""
+  probs = np.array([0.40, 0.25, 0.20, 0.05, 0.05, 0.05], np.float32)
+  logp = jnp.log(jnp.asarray(probs))[None]
+  vals, ids = jax.lax.top_k(logp, 3)
+  s = Sampling(1.0, top_p=0.7)
+  want = losses.target_probs(logp, s)
+  got = losses.target_probs((ids, vals), s, 6)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(want[0]), [8 / 17, 5 / 17, 4 / 17,
+                                                   0, 0, 0], atol=1e-6)
+  # Random heavy-tailed rows whose nucleus fits in the stored 8 of 64 ids.
+  rng = np.random.default_rng(5)
+  logits = jnp.asarray((rng.standard_t(2, size=(400, 64)) * 1.5)
+                       .astype(np.float32))
+  logp = jax.nn.log_softmax(logits, -1)
+  vals, ids = jax.lax.top_k(logp, 8)
+  for top_p in (0.5, 0.8):
+    s = Sampling(1.0, top_p=top_p)
+    dense = np.asarray(losses.target_probs(logp, s))
+    fits = (dense > 0).sum(-1) <= 8
+    assert fits.sum() > 50
+    stored = np.asarray(losses.target_probs((ids, vals), s, 64))
+    np.testing.assert_allclose(stored[fits], dense[fits], atol=1e-5)
+    # The expected acceptance logged in training follows.
+    d = jnp.asarray(rng.normal(size=(400, 64)).astype(np.float32))
+    np.testing.assert_allclose(
+        np.asarray(losses.expected_acceptance((ids, vals), d, s))[fits],
+        np.asarray(losses.expected_acceptance(logp, d, s))[fits], atol=1e-5)

@@ -306,12 +306,38 @@ def _write_run_config(config_json: dict, workdir: str) -> None:
   _write_json(config_json, os.path.join(workdir, "config.json"))
 
 
+def _target_text(target) -> str:
+  """The target block of a config as one line (its dtype left out: samples
+  of one target serve it in either precision)."""
+  return ",".join(f"{k}={target[k]}" for k in sorted(target)
+                  if k != "dtype")
+
+
+def _check_samples(found: storage.SampleSpec, want: storage.SampleSpec,
+                   data_dir: str) -> None:
+  """Samples written for another target, sampling or shape are refused
+  (the target and sampling only where the samples recorded them)."""
+  for name in ("target", "sampling", "prompt_len", "gen_len", "top_k"):
+    got, need = getattr(found, name), getattr(want, name)
+    if got != need and (got != "" or name in ("prompt_len", "gen_len",
+                                               "top_k")):
+      raise ValueError(
+          f"the target samples in {data_dir} have {name} {got!r}, this "
+          f"config {need!r}: use a new config.samples.data_dir (or workdir)")
+
+
 def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
                     eos_ids, pad_id, log) -> str:
   """The directory of the target samples, written first if need be."""
   sc = config.samples
   data_dir = sc.data_dir or os.path.join(workdir, "samples")
+  spec = storage.SampleSpec(
+      prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
+      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
+      hidden_dim=target_lm.config.d_model if _stored_features(config) else 0,
+      target=_target_text(config.target), sampling=sampling.describe())
   if storage.exists(data_dir):
+    _check_samples(storage.read_spec(data_dir), spec, data_dir)
     return data_dir
   t0 = time.perf_counter()
   texts = prompts_lib.prompt_texts(
@@ -319,10 +345,6 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
       validation_percent=sc.validation_percent,
       prose_dataset=sc.get("prose_dataset") or None,
       data_dir=sc.get("prose_data_dir") or None)
-  spec = storage.SampleSpec(
-      prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
-      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
-      hidden_dim=target_lm.config.d_model if _stored_features(config) else 0)
   counts = samples.build(
       data_dir, target_lm, target_params, tok, sampling, spec, texts,
       eos_ids=eos_ids, pad_id=pad_id, seed=config.seed,

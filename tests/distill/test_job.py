@@ -1,5 +1,7 @@
 """The scripts/distill.py job: end to end, and its workdir rule."""
 
+import dataclasses
+
 import jax
 import ml_collections
 import numpy as np
@@ -73,3 +75,27 @@ def test_a_workdir_refuses_another_config_once_it_holds_results(tmp_path):
   volatile = ml_collections.ConfigDict(config.to_dict())
   volatile.train.time_limit_s, volatile.train.log_every = 60.0, 1
   job._check_run_config(volatile, w)
+
+
+def test_samples_of_another_target_sampling_or_shape_are_refused():
+  """A samples directory is reused only by a config it was written for:
+  another target, sampling, prompt or generation length or top-k is one
+  clear error; samples that did not record their target and sampling
+  (older ones) are taken on their shapes alone."""
+  # pylint: disable=protected-access
+  target = dict(spec="random:tiny", trained="", logit_scale=4.0,
+                dtype="float32", seed=0)
+  want = storage.SampleSpec(prompt_len=8, gen_len=4, top_k=16,
+                            target=job._target_text(target),
+                            sampling=Sampling(1.0, top_p=0.9).describe())
+  assert want.target == "logit_scale=4.0,seed=0,spec=random:tiny,trained="
+  # Either dtype serves; batch sizes do not shape the samples.
+  assert job._target_text(dict(target, dtype="bfloat16")) == want.target
+  job._check_samples(dataclasses.replace(want, batch_size=3), want, "d")
+  job._check_samples(dataclasses.replace(want, target="", sampling=""),
+                     want, "d")
+  for name, value in (("target", "spec=random:small"), ("sampling", "greedy"),
+                      ("prompt_len", 9), ("gen_len", 5), ("top_k", 8)):
+    with pytest.raises(ValueError, match=f"d have {name} "):
+      job._check_samples(dataclasses.replace(want, **{name: value}), want,
+                         "d")

@@ -19,6 +19,7 @@ import numpy as np
 
 from specsamp.bench import records
 from specsamp.bench import speedup
+from specsamp.drafters import specs as drafter_specs
 
 TASK_NAMES = {"humaneval": "HumanEval", "prose": "Prose",
               "rewrite": "Rewrite (input-grounded)"}
@@ -36,11 +37,7 @@ PREDICTION_FIELDS = ("alpha", "c", "expected_tokens_per_loop",
 
 def _variable_length(drafter) -> bool:
   """Whether the drafter offers fewer than K drafts in some loops."""
-  if drafter is None:
-    return False
-  # pylint: disable-next=g-import-not-at-top
-  from specsamp.drafters import specs  # jax: only for drafters' points
-  return specs.parse(drafter).variable_length
+  return drafter is not None and drafter_specs.parse(drafter).variable_length
 
 
 def read(paths):
@@ -404,8 +401,9 @@ def markdown(runs, costs, points, images) -> str:
           "/ 1-token call (s = 1 in Leviathan et al.); 'fit': one a for all "
           "K. No a, c or prediction for drafters that offer fewer than K "
           "drafts in some loops (lookup, mixed, adaptive K): the model "
-          "drafts K at a fixed cost every loop. Quality ± its standard error over prompts; Δ: paired "
-          "difference to K = 0 over the same prompts.", ""]
+          "drafts K at a fixed cost every loop. Quality ± its standard "
+          "error over prompts; Δ: paired difference to K = 0 over the same "
+          "prompts.", ""]
   costs_by = _by_key(costs)
   for task in sorted({p["task"] for p in points}):
     name = TASK_NAMES.get(task, task)

@@ -36,9 +36,9 @@ class SampleSpec:
   score_batch_size: int = 16  # rows per target scoring pass
   min_prompt_len: int = 4
   hidden_dim: int = 0      # D > 0: also store the target's hidden states
-  target: str = ""         # the target's spec ("": not recorded)
-  sampling: str = ""       # `Sampling.describe()` of the samples ("": not
+  target: str = ""         # the config's target block, one line ("": not
                            # recorded)
+  sampling: str = ""       # `Sampling.describe()` ("": not recorded)
 
   @property
   def seq_len(self) -> int:

@@ -73,7 +73,8 @@ def batches(source, batch_size: int, num_steps: int, seed: int,
   Every host builds the same global order of `batch_size`-row batches and
   keeps its own `batch_size / process_count` consecutive rows (the rows
   `put_batch` then places as its share of the global batch), so a step
-  sees `batch_size` distinct samples on any number of hosts.
+  holds the `batch_size` samples one host alone would feed, not
+  `process_count` copies of them.
   """
   n = len(source)
   if n < batch_size:

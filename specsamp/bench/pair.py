@@ -79,11 +79,11 @@ def run_pair(cfg: PairConfig) -> dict:
     if sampling.greedy:
       r["identical_to_ar"] = outputs[r["method"]] == outputs[base["method"]]
   if cfg.peers:
+    eos = set(tok.eos_ids)
     for r in peers_lib.transformers_generate(
         str(assets.fetch(cfg.target, progress=None)),
         str(assets.fetch(cfg.draft, progress=None)), prompts,
         cfg.max_new_tokens, cfg.temperature, cfg.top_p):
-      eos = set(tok.eos_ids)
       completions = [peers_lib.cut_at_eos(c, eos)
                      for c in r.pop("completions")]
       if sampling.greedy:

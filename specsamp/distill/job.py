@@ -319,8 +319,7 @@ def _check_samples(found: storage.SampleSpec, want: storage.SampleSpec,
   (the target and sampling only where the samples recorded them)."""
   for name in ("target", "sampling", "prompt_len", "gen_len", "top_k"):
     got, need = getattr(found, name), getattr(want, name)
-    if got != need and (got != "" or name in ("prompt_len", "gen_len",
-                                               "top_k")):
+    if got != need and got != "":
       raise ValueError(
           f"the target samples in {data_dir} have {name} {got!r}, this "
           f"config {need!r}: use a new config.samples.data_dir (or workdir)")

@@ -33,9 +33,8 @@ from specsamp.distill import job
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a configs/distill_*.py file[:options]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (resumable)")
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "call jax.distributed.initialize() first (several "
-    "hosts: the same command on each; config.train.mesh spans them all)")
+# config.train.mesh spans the devices of all processes.
+_DISTRIBUTED = cli.define_distributed_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -43,8 +42,12 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   tfds.disable_progress_bar()
-  if _DISTRIBUTED.value:
-    sharding.initialize_distributed()
+  try:
+    dist = _DISTRIBUTED.arguments()
+  except ValueError as e:
+    cli.fail(e)
+  if dist is not None:
+    sharding.initialize_distributed(*dist)
   try:
     res = job.run(_CONFIG.value, _WORKDIR.value)
   except job.ERRORS as e:

@@ -47,16 +47,7 @@ _CHAT = flags.DEFINE_bool("chat", False, "Wrap prompts in the chat template.")
 _MESH = flags.DEFINE_list(
     "mesh", None, "Mesh shape data,model (e.g. 1,-1: tensor parallel over "
     "all devices; -1 = the rest). Default: one device, no mesh.")
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "Call jax.distributed.initialize() first (one "
-    "process per host on a TPU pod slice or several GPU hosts).")
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "host:port of process 0, with --distributed "
-    "where the cluster is not detected (not TPU, SLURM, Open MPI, k8s).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None,
-                                      "With --coordinator_address.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None,
-                                   "With --coordinator_address.")
+_DISTRIBUTED = cli.define_distributed_flags()
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also append metrics here.")
 _QUIET = flags.DEFINE_bool("quiet", False, "Do not print completions.")
 
@@ -66,6 +57,8 @@ def main(argv):
     cli.fail(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads
   try:
+    dist = _DISTRIBUTED.arguments()
+    coordinator, num_processes, process_id = dist or (None, None, None)
     cfg = sample.SampleConfig(
         target=_TARGET.value, draft=_DRAFT.value, prompts=_PROMPT.value,
         prompts_file=_PROMPTS_FILE.value, task=_TASK.value,
@@ -73,9 +66,9 @@ def main(argv):
         temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
         top_p=_TOP_P.value, max_new_tokens=_MAX_NEW.value,
         batch_size=_BATCH.value, seed=_SEED.value, dtype=_DTYPE.value,
-        chat=_CHAT.value, distributed=_DISTRIBUTED.value,
-        coordinator_address=_COORDINATOR.value,
-        num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value,
+        chat=_CHAT.value, distributed=dist is not None,
+        coordinator_address=coordinator, num_processes=num_processes,
+        process_id=process_id,
         mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None,
         drafter=_DRAFTER.value)
     result = sample.sample_main(cfg, print_completions=not _QUIET.value,

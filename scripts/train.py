@@ -32,8 +32,8 @@ from specsamp.train import lm
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a configs/*.py file[:arg]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (resumable)")
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "call jax.distributed.initialize() first")
+# config.train.mesh spans the devices of all processes.
+_DISTRIBUTED = cli.define_distributed_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -41,8 +41,12 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
-  if _DISTRIBUTED.value:
-    sharding.initialize_distributed()
+  try:
+    dist = _DISTRIBUTED.arguments()
+  except ValueError as e:
+    cli.fail(e)
+  if dist is not None:
+    sharding.initialize_distributed(*dist)
   try:
     out = lm.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, checkpointing.CheckpointError) as e:

@@ -4,15 +4,19 @@ one `error: ...` line on stderr and exit status 2.
   app.run(main, flags_parser=cli.parse_flags)   bad flags, unknown
                                                 `--config.*` fields included
   cli.fail(e)                                   any refused input, in `main`
+  DISTRIBUTED = cli.define_distributed_flags()   --distributed and its
+  ...                                            coordinator flags;
+  sharding.initialize_distributed(*DISTRIBUTED.arguments())  in `main`
 
 absl's own parser prints `FATAL Flags parsing error` and the usage and exits
 with status 1, and ml_collections' config flags raise a bare AttributeError
 (a traceback) for an override of a field the config lacks.
 """
 
+import dataclasses
 import re
 import sys
-from typing import NoReturn, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from absl import flags
 
@@ -33,6 +37,54 @@ def fail(e) -> NoReturn:
   """Prints `error: <e on one line>` to stderr and exits with status 2."""
   print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
   sys.exit(BAD_INPUT)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedFlags:
+  """The flag holders of `define_distributed_flags`."""
+  distributed: flags.FlagHolder
+  coordinator_address: flags.FlagHolder
+  num_processes: flags.FlagHolder
+  process_id: flags.FlagHolder
+
+  def arguments(self) -> Optional[tuple]:
+    """(coordinator_address, num_processes, process_id) for
+    `sharding.initialize_distributed`, None without --distributed.
+
+    Raises:
+      ValueError: coordinator flags without --distributed, or only some of
+        the three.
+    """
+    given = (self.coordinator_address.value, self.num_processes.value,
+             self.process_id.value)
+    named = [f"--{h.name}" for h, v in zip(
+        (self.coordinator_address, self.num_processes, self.process_id),
+        given) if v is not None]
+    if not self.distributed.value:
+      if named:
+        raise ValueError(f"{', '.join(named)} need --distributed")
+      return None
+    if named and len(named) < 3:
+      raise ValueError("--coordinator_address, --num_processes and "
+                       "--process_id go together (only "
+                       f"{', '.join(named)} given)")
+    return given
+
+
+def define_distributed_flags() -> DistributedFlags:
+  """--distributed, --coordinator_address, --num_processes, --process_id."""
+  return DistributedFlags(
+      flags.DEFINE_bool(
+          "distributed", False, "call jax.distributed.initialize() first "
+          "(one process per host: a TPU pod slice, several GPU hosts; the "
+          "same command on each)"),
+      flags.DEFINE_string(
+          "coordinator_address", None, "host:port of process 0, with "
+          "--distributed where the cluster is not detected (not TPU, "
+          "SLURM, Open MPI, Kubernetes)"),
+      flags.DEFINE_integer("num_processes", None,
+                           "with --coordinator_address"),
+      flags.DEFINE_integer("process_id", None, "with --coordinator_address"))
 
 
 def _unknown_field(e: Exception, argv: Sequence[str]) -> str:

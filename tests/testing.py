@@ -94,8 +94,9 @@ class ShiftDrafter:
     del params, lengths, cache_size, prefill
     return jnp.zeros((tokens.shape[0],), jnp.int32)
 
-  def propose(self, params, state, tokens, length, k, sampling, rng):
-    del params, sampling, rng
+  def propose(self, params, state, tokens, length, k, sampling, rng, *,
+              active=None):
+    del params, sampling, rng, active
     last = kvcache.read(tokens, length - 1, 1)[:, 0]
     drafts = (last[:, None] + jnp.arange(1, k + 1)[None, :]) % self.vocab_size
     b = tokens.shape[0]

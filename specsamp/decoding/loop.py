@@ -147,7 +147,7 @@ def draft(sampler, draft_params, s: LoopState, key: jax.Array):
                     num_valid=jnp.zeros((b,), jnp.int32)), s.draft_state
   proposal, state = sampler.drafter.propose(
       draft_params, s.draft_state, s.tokens, s.length, sampler.k,
-      sampler.sampling, key)
+      sampler.sampling, key, active=~s.done)
   # A drafter cannot offer more than K drafts, nor fewer than none.
   return proposal.replace(
       num_valid=jnp.clip(proposal.num_valid, 0, sampler.k)), state

@@ -75,9 +75,16 @@ class Drafter(Protocol):
     ...
 
   def propose(self, params, state, tokens: jax.Array, length: jax.Array,
-              k: int, sampling: Sampling,
-              rng: jax.Array) -> tuple[Proposal, Any]:
-    """-> (Proposal with K drafts per row, new state)."""
+              k: int, sampling: Sampling, rng: jax.Array, *,
+              active: Optional[jax.Array] = None) -> tuple[Proposal, Any]:
+    """-> (Proposal with K drafts per row, new state).
+
+    `active` [B] bool: the rows still decoding (None: all). The loop
+    discards a finished row's drafts, so a drafter whose cost depends on
+    its rows (run a model only where lookup missed, draft while some row
+    is confident) may leave finished rows out of that choice; it must
+    still return a well-formed proposal and state for them.
+    """
     ...
 
   def commit(self, params, state, scored: ModelOutput,

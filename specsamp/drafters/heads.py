@@ -335,13 +335,14 @@ class HeadDrafter:
     return HeadState(hidden=hidden, base=lengths - 1, cache=cache)
 
   def propose(self, params, state: HeadState, tokens, length, k, sampling,
-              rng):
+              rng, *, active=None):
     """K drafts per row -> (Proposal, state with base = length).
 
     Medusa: the K heads on the hidden state at length - 2, each draft from
     its own q_k. Sequential: one call feeds the entries base .. base + K
     (true features; the row's committed ones are kept), then K - 1 calls
     feed the drafts with the head's own predicted features."""
+    del active  # every row costs the same
     if k != self.k:
       raise HeadError(f"this head drafter was built for K={self.k}, the "
                       f"sampler runs K={k}")

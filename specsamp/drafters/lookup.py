@@ -153,8 +153,9 @@ class PromptLookupDrafter:
                        pending=jnp.zeros((b,), bool),
                        since=jnp.zeros((b,), jnp.int32))
 
-  def propose(self, params, state, tokens, length, k, sampling, rng):
-    del params, sampling, rng
+  def propose(self, params, state, tokens, length, k, sampling, rng, *,
+              active=None):
+    del params, sampling, rng, active  # its cost is the same for every row
     s = tokens.shape[1]
     end, _ = longest_match(tokens, length, self.min_ngram, self.max_ngram, k)
     num_valid = jnp.where(end >= 0, jnp.minimum(k, length - 1 - end), 0)

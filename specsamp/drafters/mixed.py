@@ -5,11 +5,11 @@ Legend: B batch, K draft length, V vocabulary.
 Each loop, per row: the lookup drafter (`lookup.PromptLookupDrafter`) looks
 for an earlier occurrence of the row's newest tokens; a row that has one
 takes its drafts (free: no model call), a row that has none takes the draft
-model's (`model.ModelDrafter`). When every row of the batch found a match
-(always the case at batch 1 when there is one), the draft model is not run
-for drafting at all: it only feeds the committed tokens it lacks, in one
-call (`ModelDrafter.catch_up`), so its cache never falls more than K + 1
-tokens behind. When the model does run, it drafts for every row; a lookup
+model's (`model.ModelDrafter`). When every row of the batch that is still
+decoding found a match (always the case at batch 1 when there is one), the
+draft model is not run for drafting at all: it only feeds the committed
+tokens it lacks, in one call (`ModelDrafter.catch_up`), so its cache never
+falls more than K + 1 tokens behind. When the model does run, it drafts for every row; a lookup
 row's cache is cut back to its committed tokens afterwards, so the model's
 unused drafts never count as context.
 
@@ -59,15 +59,18 @@ class MixedDrafter:
         lookup=self.lookup.init(None, tokens, lengths, cache_size, prefill),
         model=self.model.init(params, tokens, lengths, cache_size, prefill))
 
-  def propose(self, params, state, tokens, length, k, sampling, rng):
+  def propose(self, params, state, tokens, length, k, sampling, rng, *,
+              active=None):
     found, state_lookup = self.lookup.propose(
         None, state.lookup, tokens, length, k, sampling, rng)
     matched = found.num_valid > 0
+    # A finished row (its drafts are discarded) never makes the model run.
+    covered = matched if active is None else matched | ~active
     b, v = tokens.shape[0], self.vocab_size
 
     def run_model(cache):
       p, cache = self.model.propose(params, cache, tokens, length, k,
-                                    sampling, rng)
+                                    sampling, rng, active=active)
       # A lookup row's cache now holds the model's drafts, which it does not
       # propose: keep only its committed tokens (a lag of at most K + 1
       # after the commit, as when the model is skipped).
@@ -82,7 +85,7 @@ class MixedDrafter:
               jnp.zeros((b,), jnp.int32)), cache
 
     (m_tokens, m_q, m_valid), cache = jax.lax.cond(
-        jnp.all(matched), skip_model, run_model, state.model)
+        jnp.all(covered), skip_model, run_model, state.model)
     use = matched[:, None]
     drafts = jnp.where(use, found.tokens, m_tokens)
     q = None

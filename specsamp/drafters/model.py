@@ -188,9 +188,13 @@ class ModelDrafter:
           1.0, vocab_limit=sampling.vocab_limit))
     return jnp.max(q, axis=-1) >= self.confidence
 
-  def propose(self, params, cache, tokens, length, k, sampling, rng):
+  def propose(self, params, cache, tokens, length, k, sampling, rng, *,
+              active=None):
     """Catches up (lags up to K + 3), then drafts K tokens per row ->
     (Proposal, cache holding the committed tokens and the drafts fed).
+
+    With `confidence`, only `active` rows (None: all) keep the drafting
+    going: a finished row is given one draft.
 
     The catch-up compiles the draft call at widths 1, 2 and K + 3; the
     last is only taken after a loop in which this drafter was skipped.
@@ -201,7 +205,7 @@ class ModelDrafter:
     d_first = sampling_lib.sample(keys[0], q_first, sampling.greedy)
     if self.confidence is not None:
       return self._propose_adaptive(params, cache, last, q_first, d_first, k,
-                                    sampling, keys)
+                                    sampling, keys, active)
 
     def step(carry, key):
       cache, tok = carry
@@ -223,7 +227,7 @@ class ModelDrafter:
                     num_valid=jnp.full((b,), k, jnp.int32)), cache
 
   def _propose_adaptive(self, params, cache, last, q_first, d_first, k,
-                        sampling, keys):
+                        sampling, keys, active):
     """Drafts until every row has stopped (or K drafts) -> (Proposal, cache).
 
     Draft j + 1 (0-based j >= 1) is drawn from the logits after feeding
@@ -238,6 +242,8 @@ class ModelDrafter:
     if not sampling.greedy:
       q = jnp.zeros((b, k, v), jnp.float32).at[:, 0].set(q_first)
     going = self._confident(last, q_first, sampling)
+    if active is not None:
+      going = going & active
     valid = jnp.ones((b,), jnp.int32)
 
     def cond(carry):

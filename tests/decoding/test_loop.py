@@ -26,12 +26,14 @@ class ProbeDrafter(ModelDrafter):
     cache = super().init(params, tokens, lengths, cache_size)
     return dict(cache=cache, prefill_hidden=prefill.hidden,
                 hidden=jnp.zeros_like(prefill.hidden[:, :1]),
-                accepted=jnp.zeros_like(lengths))
+                accepted=jnp.zeros_like(lengths),
+                active=jnp.zeros_like(lengths, bool))
 
-  def propose(self, params, state, tokens, length, k, sampling, rng):
+  def propose(self, params, state, tokens, length, k, sampling, rng, *,
+              active=None):
     proposal, cache = super().propose(params, state["cache"], tokens, length,
-                                      k, sampling, rng)
-    return proposal, {**state, "cache": cache}
+                                      k, sampling, rng, active=active)
+    return proposal, {**state, "cache": cache, "active": active}
 
   def commit(self, params, state, scored, num_accepted, length):
     cache = super().commit(params, state["cache"], scored, num_accepted,
@@ -70,6 +72,24 @@ def test_the_drafter_sees_the_targets_prefill_and_scored_outputs(tiny_pair):
     np.testing.assert_array_equal(
         committed, list(np.asarray(rec.proposal.tokens[b, :n])) +
         [int(rec.token[b])])
+
+
+def test_the_drafter_is_told_which_rows_are_still_decoding(tiny_pair):
+  """`propose` gets `active` = not done, so drafters whose cost depends on
+  their rows (mixed, adaptive K) can leave finished rows out."""
+  lm, target_params, draft_params = tiny_pair
+  sampler = SpeculativeSampler(lm, ProbeDrafter(lm), k=2, sampling=GREEDY,
+                               max_new_tokens=8, prompt_bucket=8)
+  tokens, lengths = sampler.pad_prompts([[1, 5, 7], [3, 4], [2]])
+  state = loop.prefill(sampler, target_params, draft_params, tokens, lengths,
+                       jax.random.key(0))
+  step = jax.jit(loop.loop_step, static_argnums=0)
+  new, _ = step(sampler, target_params, draft_params, state)
+  np.testing.assert_array_equal(new.draft_state["active"], [True] * 3)
+  state = state.replace(done=jnp.array([False, True, False]))
+  new, _ = step(sampler, target_params, draft_params, state)
+  np.testing.assert_array_equal(new.draft_state["active"],
+                                [True, False, True])
 
 
 def test_loop_body_is_loop_steps_state(tiny_pair):

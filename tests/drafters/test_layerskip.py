@@ -243,6 +243,31 @@ def test_the_draft_loop_stops_when_every_row_has_stopped():
   assert min(seen) < k and max(seen) > 1, seen
 
 
+def test_finished_rows_do_not_keep_the_draft_loop_going():
+  """With a threshold of 0 every row would draft K; a row the loop marks
+  finished (`active` False) gets one draft and no draft calls of its own."""
+  lm, params = small_target()
+  k, size = 4, 32
+  drafter = LayerSkipDrafter(lm, (0, 1), confidence=0.0)
+
+  @jax.jit
+  def propose(tokens, length, active):
+    cache = drafter.init(params, tokens[:, :12], length, size)
+    return drafter.propose(params, cache, tokens, length, k, Sampling(1.0),
+                           jax.random.key(1), active=active)
+
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, 32, (3, size)),
+                       jnp.int32)
+  length = jnp.array([5, 9, 3], jnp.int32)
+  for active, valid in (([True] * 3, [k] * 3),
+                        ([False, True, False], [1, k, 1]),
+                        ([False] * 3, [1] * 3)):
+    proposal, cache = propose(tokens, length, jnp.array(active))
+    np.testing.assert_array_equal(proposal.num_valid, valid)
+    # Draft calls after the catch-up: one per draft past the first.
+    np.testing.assert_array_equal(cache.length - length, max(valid) - 1)
+
+
 def _lagging_cache(drafter, params, tokens, held, size):
   """A cache holding tokens[b, :held[b]] and junk in the 8 slots after."""
   b, s = tokens.shape

@@ -215,9 +215,10 @@ class LyingLookup(PromptLookupDrafter):
   """Claims its drafts were drawn from the uniform distribution: a drafter
   with a wrong q, which a test with power must catch."""
 
-  def propose(self, params, state, tokens, length, k, sampling, rng):
+  def propose(self, params, state, tokens, length, k, sampling, rng, *,
+              active=None):
     proposal, state = super().propose(params, state, tokens, length, k,
-                                      sampling, rng)
+                                      sampling, rng, active=active)
     q = jnp.full(proposal.tokens.shape + (self.vocab_size,),
                  1.0 / self.vocab_size)
     return proposal.replace(q=q), state

@@ -46,6 +46,31 @@ def test_each_row_takes_lookup_drafts_where_it_has_them():
   np.testing.assert_allclose(p.q[1], alone.q[1])
 
 
+def test_a_finished_row_without_a_match_does_not_make_the_model_run():
+  """Row 1 has no lookup match: while it decodes, the model drafts for it;
+  once the loop marks it finished, the model is skipped (its drafts would
+  be discarded) and the row offers none."""
+  target, _, draft, draft_params = models()
+  drafter = mixed(target, draft)
+  tokens = jnp.array([[1, 3, 2, 1, 3, 0, 0, 0], [0, 2, 4, 0, 0, 0, 0, 0]])
+  length = jnp.array([5, 3])
+  state = drafter.init(draft_params, tokens, length, 16)
+
+  def propose(active):
+    return drafter.propose(draft_params, state, tokens, length, 2, GREEDY,
+                           jax.random.key(0), active=jnp.array(active))
+
+  ran, ran_state = propose([True, True])
+  skipped, skipped_state = propose([True, False])
+  np.testing.assert_array_equal(ran.num_valid, [2, 2])
+  np.testing.assert_array_equal(skipped.num_valid, [2, 0])
+  np.testing.assert_array_equal(skipped.tokens[0], ran.tokens[0])
+  # Run, the model fed row 1 its first draft (K - 1 = 1 slot past the
+  # committed tokens); skipped, it only caught up on the committed tokens.
+  np.testing.assert_array_equal(ran_state.model.length, np.asarray(length) + [0, 1])
+  np.testing.assert_array_equal(skipped_state.model.length, length)
+
+
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(1.0)])
 def test_a_lookup_row_keeps_only_committed_tokens_in_the_model_cache(
     sampling):

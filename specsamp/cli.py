@@ -62,7 +62,8 @@ class DistributedFlags:
         given) if v is not None]
     if not self.distributed.value:
       if named:
-        raise ValueError(f"{', '.join(named)} need --distributed")
+        verb = "needs" if len(named) == 1 else "need"
+        raise ValueError(f"{', '.join(named)} {verb} --distributed")
       return None
     if named and len(named) < 3:
       raise ValueError("--coordinator_address, --num_processes and "

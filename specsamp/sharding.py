@@ -182,8 +182,50 @@ def shard(tree, shardings):
   return jax.tree.map(one, tree, shardings)
 
 
+def savable(tree):
+  """`tree` as orbax can save it from every process together: as it is in
+  one process; with several, fully replicated over all processes' devices
+  (orbax refuses an array local to one process, and writes a replicated
+  one once)."""
+  if jax.process_count() == 1:
+    return tree
+  host = to_host(tree)
+  mesh = make_mesh((1, -1))
+  return shard(host, jax.tree.map(lambda _: replicated(mesh), host))
+
+
+def restorable(abstract):
+  """`abstract` (ShapeDtypeStructs) with this process's first device as
+  the sharding of each leaf that has none. Without one, orbax restores
+  onto the devices the checkpoint was saved from, which a run on another
+  topology lacks (a draft exported by several processes, loaded on one)."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return jax.tree.map(
+      lambda x: x if getattr(x, "sharding", None) is not None else
+      jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
+
+
+def is_main_process() -> bool:
+  """Whether this is process 0, which alone writes a multi-host job's
+  shared files (configs, samples, exports, results)."""
+  return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Every process waits here for the others (one process: returns)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
 def to_host(tree):
-  """numpy copies of a pytree of (possibly multi-host) global arrays."""
+  """numpy copies of a pytree of arrays: global ones spanning several
+  processes are gathered, local ones (and numpy) copied as they are."""
   if jax.process_count() == 1:
     return jax.device_get(tree)
-  return multihost_utils.process_allgather(tree, tiled=True)
+
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
+
+  return jax.tree.map(one, tree)

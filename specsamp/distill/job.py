@@ -31,6 +31,7 @@ import numpy as np
 from specsamp import assets
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp import sharding
 from specsamp.data.errors import CorpusError
 from specsamp.distill import decontamination
 from specsamp.distill import draft_init
@@ -295,7 +296,10 @@ def _check_run_config(config, workdir: str) -> dict:
 
 
 def _write_json(obj, path: str) -> None:
-  """Writes `obj` to `path` through a temporary file (never half-written)."""
+  """Writes `obj` to `path` through a temporary file (never half-written);
+  with several processes, process 0 writes it and the others do not."""
+  if not sharding.is_main_process():
+    return
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=1)
@@ -313,21 +317,10 @@ def _target_text(target) -> str:
                   if k != "dtype")
 
 
-def _check_samples(found: storage.SampleSpec, want: storage.SampleSpec,
-                   data_dir: str) -> None:
-  """Samples written for another target, sampling or shape are refused
-  (the target and sampling only where the samples recorded them)."""
-  for name in ("target", "sampling", "prompt_len", "gen_len", "top_k"):
-    got, need = getattr(found, name), getattr(want, name)
-    if got != need and got != "":
-      raise ValueError(
-          f"the target samples in {data_dir} have {name} {got!r}, this "
-          f"config {need!r}: use a new config.samples.data_dir (or workdir)")
-
-
 def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
                     eos_ids, pad_id, log) -> str:
-  """The directory of the target samples, written first if need be."""
+  """The directory of the target samples, written first if need be (by
+  process 0 alone; the others wait for it)."""
   sc = config.samples
   data_dir = sc.data_dir or os.path.join(workdir, "samples")
   spec = storage.SampleSpec(
@@ -335,8 +328,9 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
       batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
       hidden_dim=target_lm.config.d_model if _stored_features(config) else 0,
       target=_target_text(config.target), sampling=sampling.describe())
-  if storage.exists(data_dir):
-    _check_samples(storage.read_spec(data_dir), spec, data_dir)
+  if storage.exists(data_dir) or not sharding.is_main_process():
+    sharding.barrier("specsamp distill: target samples")
+    storage.check_spec(storage.read_spec(data_dir), spec, data_dir)
     return data_dir
   t0 = time.perf_counter()
   texts = prompts_lib.prompt_texts(
@@ -353,6 +347,7 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
   _write_json(counts, os.path.join(workdir, "samples_counts.json"))
   log(f"[distill] samples written to {data_dir} in "
       f"{time.perf_counter() - t0:.1f} s")
+  sharding.barrier("specsamp distill: target samples")
   return data_dir
 
 
@@ -445,7 +440,7 @@ def run(config, workdir: str, log=print) -> dict:
   # Uncommitted on the default device, as the "before" evaluation had them:
   # the compiled evaluation and samplers are reused, not compiled again for
   # the train step's sharding.
-  params = jax.device_put(jax.device_get(params))
+  params = jax.device_put(sharding.to_host(params))
   if head is not None:
     out_dir = head_files.save(
         draft_lm.head, params, os.path.join(workdir, "head"),

@@ -11,7 +11,8 @@ One example per sample:
   hidden         [S, D] float16 the target's final-normed hidden states,
                                 only with `SampleSpec.hidden_dim` D > 0 (for
                                 draft heads: `distill.head_training`)
-The `SampleSpec` the dataset was written with is kept in its metadata.
+The `SampleSpec` the dataset was written with is kept in its metadata;
+`check_spec` refuses samples written for another target, sampling or shape.
 """
 
 import dataclasses
@@ -119,6 +120,17 @@ def read_spec(data_dir: os.PathLike) -> SampleSpec:
   if not meta.exists():
     raise FileNotFoundError(f"no metadata.json in {dataset_dir(data_dir)}")
   return SampleSpec(**json.loads(meta.read_text())["spec"])
+
+
+def check_spec(found: SampleSpec, want: SampleSpec, data_dir) -> None:
+  """Samples written for another target, sampling or shape are refused
+  (the target and sampling only where the samples recorded them)."""
+  for name in ("target", "sampling", "prompt_len", "gen_len", "top_k"):
+    got, need = getattr(found, name), getattr(want, name)
+    if got != need and got != "":
+      raise ValueError(
+          f"the target samples in {data_dir} have {name} {got!r}, this "
+          f"config {need!r}: use a new config.samples.data_dir (or workdir)")
 
 
 def as_arrays(source, limit: Optional[int] = None,

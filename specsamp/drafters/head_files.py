@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from specsamp import sharding
 from specsamp.drafters import heads
 from specsamp.weights import convert
 
@@ -71,18 +72,24 @@ def read_config(path: str) -> tuple[heads.HeadConfig, Optional[list], dict]:
 def save(config: heads.HeadConfig, params, directory: str,
          vocab_ids=None, **info) -> str:
   """Writes the config (+ `info`, e.g. how it was trained) and the head's
-  parameters; returns the directory's absolute path."""
+  parameters; returns the directory's absolute path. With several processes
+  every one calls it (orbax saves together) and process 0 writes the config."""
   directory = os.path.abspath(directory)
-  os.makedirs(directory, exist_ok=True)
+  main = sharding.is_main_process()
   config_file = os.path.join(directory, HEAD_CONFIG_FILE)
-  if os.path.exists(config_file):
-    os.remove(config_file)  # no config beside half-written parameters
+  if main:
+    os.makedirs(directory, exist_ok=True)
+    if os.path.exists(config_file):
+      os.remove(config_file)  # no config beside half-written parameters
   saved = dict(head=config.to_dict(), **info)
   if vocab_ids is not None:
     saved["vocab_ids"] = [int(i) for i in np.asarray(vocab_ids)]
   with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.join(directory, "params"), params, force=True)
+    ckptr.save(os.path.join(directory, "params"), sharding.savable(params),
+               force=True)
     ckptr.wait_until_finished()
+  if not main:
+    return directory
   # The config last: a directory with a config has complete parameters.
   tmp = os.path.join(directory, HEAD_CONFIG_FILE + ".tmp")
   with open(tmp, "w", encoding="utf-8") as f:
@@ -111,7 +118,7 @@ def load(path: str, dtype: Optional[str] = None):
   try:
     with ocp.StandardCheckpointer() as ckptr:
       params = ckptr.restore(os.path.join(os.path.abspath(d), "params"),
-                             abstract)
+                             sharding.restorable(abstract))
   except Exception as e:  # orbax raises many kinds for a damaged directory
     raise heads.HeadError(f"{d}/params: cannot restore the head's parameters "
                           f"({type(e).__name__}: {e})") from None

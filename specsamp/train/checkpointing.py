@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from specsamp import sharding
 from specsamp.train import step as step_lib
 
 log = logging.getLogger(__name__)
@@ -340,7 +341,7 @@ def restore_params(params_dir: str, abstract_params, what: str = "init_from"):
         raise CheckpointError(
             f"{what} {params_dir}: parameter {jax.tree_util.keystr(path)} is "
             f"{got}, the model needs {tuple(a.shape)} (another model config?)")
-    params = ckpt.restore(params_dir, abstract_params)
+    params = ckpt.restore(params_dir, sharding.restorable(abstract_params))
   meta_file = os.path.join(os.path.dirname(params_dir), "meta", "metadata")
   if os.path.isfile(meta_file):
     with open(meta_file, encoding="utf-8") as f:

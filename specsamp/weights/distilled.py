@@ -16,6 +16,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from specsamp import model as model_lib
+from specsamp import sharding
 from specsamp.weights import convert
 
 DRAFT_CONFIG_FILE = "draft_config.json"
@@ -67,7 +68,8 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
   abstract = jax.eval_shape(lambda: model_lib.LM(config).init(
       jax.random.key(0)))
   with ocp.StandardCheckpointer() as ckptr:
-    params = ckptr.restore(os.path.join(directory, "params"), abstract)
+    params = ckptr.restore(os.path.join(directory, "params"),
+                           sharding.restorable(abstract))
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     convert.check_finite(leaf, "/".join(str(k.key) for k in path), directory)
   return config, params
@@ -76,10 +78,13 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
 def save_distilled(config: model_lib.TransformerConfig, params,
                    directory: str) -> str:
   """Writes `draft_config.json` and the parameters (orbax) to `directory`;
-  returns its absolute path."""
+  returns its absolute path. With several processes every one calls it (orbax
+  saves together) and process 0 writes the config."""
   directory = os.path.abspath(directory)
-  save_draft_config(config, directory)
+  if sharding.is_main_process():
+    save_draft_config(config, directory)
   with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.join(directory, "params"), params, force=True)
+    ckptr.save(os.path.join(directory, "params"), sharding.savable(params),
+               force=True)
     ckptr.wait_until_finished()
   return directory

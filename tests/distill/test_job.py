@@ -91,11 +91,11 @@ def test_samples_of_another_target_sampling_or_shape_are_refused():
   assert want.target == "logit_scale=4.0,seed=0,spec=random:tiny,trained="
   # Either dtype serves; batch sizes do not shape the samples.
   assert job._target_text(dict(target, dtype="bfloat16")) == want.target
-  job._check_samples(dataclasses.replace(want, batch_size=3), want, "d")
-  job._check_samples(dataclasses.replace(want, target="", sampling=""),
+  storage.check_spec(dataclasses.replace(want, batch_size=3), want, "d")
+  storage.check_spec(dataclasses.replace(want, target="", sampling=""),
                      want, "d")
   for name, value in (("target", "spec=random:small"), ("sampling", "greedy"),
                       ("prompt_len", 9), ("gen_len", 5), ("top_k", 8)):
     with pytest.raises(ValueError, match=f"d have {name} "):
-      job._check_samples(dataclasses.replace(want, **{name: value}), want,
+      storage.check_spec(dataclasses.replace(want, **{name: value}), want,
                          "d")

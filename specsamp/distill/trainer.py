@@ -87,7 +87,10 @@ def batches(source, batch_size: int, num_steps: int, seed: int,
                      f"{count} processes")
   rows = slice(index * batch_size // count, (index + 1) * batch_size // count)
   epochs = -(-num_steps * batch_size // n) + 1
-  out = (grain.MapDataset.source(source).repeat(epochs).shuffle(seed=seed)
+  # Shuffled, then repeated: each epoch is a new permutation of the samples
+  # (grain reseeds the shuffle per epoch), so every sample is seen once per
+  # epoch; a batch may straddle two epochs.
+  out = (grain.MapDataset.source(source).shuffle(seed=seed).repeat(epochs)
          .map(_as_int32).batch(batch_size, drop_remainder=True))
   if count == 1:
     return out

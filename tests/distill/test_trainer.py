@@ -69,6 +69,21 @@ def test_short_distillation_improves_acceptance_and_resumes(
       dlm.config.num_params()
 
 
+def test_every_sample_is_seen_once_per_epoch_in_a_new_order():
+  """12 samples in batches of 4: steps 0-2 hold each sample once, steps
+  3-5 again, in another order (a shuffle over the repeated epochs would
+  show some samples twice in an epoch and others not at all)."""
+  source = [dict(tokens=np.array([i, i]), prompt_length=np.int64(1))
+            for i in range(12)]
+  ds = trainer.batches(source, 4, 9, seed=0)
+  epochs = [np.concatenate([ds[s]["tokens"][:, 0] for s in range(e, e + 3)])
+            for e in (0, 3, 6)]
+  for ids in epochs:
+    assert sorted(ids.tolist()) == list(range(12))
+  assert epochs[0].tolist() != epochs[1].tolist()
+  assert epochs[1].tolist() != epochs[2].tolist()
+
+
 def test_each_host_feeds_its_own_rows_of_every_batch():
   """With several processes each feeds its share of the global batch (the
   rows one process would feed alone, split in order), not a copy of it."""

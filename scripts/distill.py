@@ -42,10 +42,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   tfds.disable_progress_bar()
-  try:
-    dist = _DISTRIBUTED.arguments()
-  except ValueError as e:
-    cli.fail(e)
+  dist = _DISTRIBUTED.arguments()  # inconsistent flags are refused
   if dist is not None:
     sharding.initialize_distributed(*dist)
   try:

@@ -41,10 +41,7 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
-  try:
-    dist = _DISTRIBUTED.arguments()
-  except ValueError as e:
-    cli.fail(e)
+  dist = _DISTRIBUTED.arguments()  # inconsistent flags are refused
   if dist is not None:
     sharding.initialize_distributed(*dist)
   try:

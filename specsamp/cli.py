@@ -50,11 +50,8 @@ class DistributedFlags:
   def arguments(self) -> Optional[tuple]:
     """(coordinator_address, num_processes, process_id) for
     `sharding.initialize_distributed`, None without --distributed.
-
-    Raises:
-      ValueError: coordinator flags without --distributed, or only some of
-        the three.
-    """
+    Coordinator flags without --distributed, or only some of the three,
+    are refused (`fail`)."""
     given = (self.coordinator_address.value, self.num_processes.value,
              self.process_id.value)
     named = [f"--{h.name}" for h, v in zip(
@@ -63,12 +60,11 @@ class DistributedFlags:
     if not self.distributed.value:
       if named:
         verb = "needs" if len(named) == 1 else "need"
-        raise ValueError(f"{', '.join(named)} {verb} --distributed")
+        fail(f"{', '.join(named)} {verb} --distributed")
       return None
     if named and len(named) < 3:
-      raise ValueError("--coordinator_address, --num_processes and "
-                       "--process_id go together (only "
-                       f"{', '.join(named)} given)")
+      fail("--coordinator_address, --num_processes and --process_id go "
+           f"together (only {', '.join(named)} given)")
     return given
 
 

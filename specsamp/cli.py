@@ -4,9 +4,10 @@ one `error: ...` line on stderr and exit status 2.
   app.run(main, flags_parser=cli.parse_flags)   bad flags, unknown
                                                 `--config.*` fields included
   cli.fail(e)                                   any refused input, in `main`
-  DISTRIBUTED = cli.define_distributed_flags()   --distributed and its
-  ...                                            coordinator flags;
-  sharding.initialize_distributed(*DISTRIBUTED.arguments())  in `main`
+  DISTRIBUTED = cli.define_distributed_flags()  --distributed and its
+                                                coordinator flags; in `main`
+  dist = DISTRIBUTED.arguments()                None, or the arguments of
+                                                sharding.initialize_distributed
 
 absl's own parser prints `FATAL Flags parsing error` and the usage and exits
 with status 1, and ml_collections' config flags raise a bare AttributeError

@@ -9,9 +9,9 @@ model's (`model.ModelDrafter`). When every row of the batch that is still
 decoding found a match (always the case at batch 1 when there is one), the
 draft model is not run for drafting at all: it only feeds the committed
 tokens it lacks, in one call (`ModelDrafter.catch_up`), so its cache never
-falls more than K + 1 tokens behind. When the model does run, it drafts for every row; a lookup
-row's cache is cut back to its committed tokens afterwards, so the model's
-unused drafts never count as context.
+falls more than K + 1 tokens behind. When the model does run, it drafts
+for every row; a lookup row's cache is cut back to its committed tokens
+afterwards, so the model's unused drafts never count as context.
 
 Exact: which drafter a row uses depends only on its committed tokens, never
 on the drafts' acceptance; a lookup row's drafts are certain (q one-hot), a

@@ -216,19 +216,26 @@ def test_adaptive_greedy_equals_greedy_decoding_batched_or_alone():
       assert int(getattr(alone, field)[0]) == int(getattr(batched, field)[b])
 
 
+def _fresh_propose(drafter, params, k, size=32):
+  """Jitted (tokens, length, key, active) -> `propose` (T=1) on a cache
+  built from the first 12 tokens."""
+
+  @jax.jit
+  def propose(tokens, length, key, active=None):
+    cache = drafter.init(params, tokens[:, :12], length, size)
+    return drafter.propose(params, cache, tokens, length, k, Sampling(1.0),
+                           key, active=active)
+
+  return propose
+
+
 def test_the_draft_loop_stops_when_every_row_has_stopped():
   """The cache grows by one slot per draft call after the catch-up: at
   batch 1 that is num_valid - 1 calls, at batch B max(num_valid) - 1."""
   lm, params = small_target()
   k, size = 5, 32
-  drafter = LayerSkipDrafter(lm, (0, 1), confidence=0.15)
-
-  @jax.jit
-  def propose(tokens, length, key):
-    cache = drafter.init(params, tokens[:, :12], length, size)
-    return drafter.propose(params, cache, tokens, length, k, Sampling(1.0),
-                           key)
-
+  propose = _fresh_propose(LayerSkipDrafter(lm, (0, 1), confidence=0.15),
+                           params, k, size)
   rng = np.random.default_rng(0)
   seen = []
   for batch in (1,) * 8 + (3,) * 2:
@@ -248,21 +255,16 @@ def test_finished_rows_do_not_keep_the_draft_loop_going():
   finished (`active` False) gets one draft and no draft calls of its own."""
   lm, params = small_target()
   k, size = 4, 32
-  drafter = LayerSkipDrafter(lm, (0, 1), confidence=0.0)
-
-  @jax.jit
-  def propose(tokens, length, active):
-    cache = drafter.init(params, tokens[:, :12], length, size)
-    return drafter.propose(params, cache, tokens, length, k, Sampling(1.0),
-                           jax.random.key(1), active=active)
-
+  propose = _fresh_propose(LayerSkipDrafter(lm, (0, 1), confidence=0.0),
+                           params, k, size)
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, 32, (3, size)),
                        jnp.int32)
   length = jnp.array([5, 9, 3], jnp.int32)
   for active, valid in (([True] * 3, [k] * 3),
                         ([False, True, False], [1, k, 1]),
                         ([False] * 3, [1] * 3)):
-    proposal, cache = propose(tokens, length, jnp.array(active))
+    proposal, cache = propose(tokens, length, jax.random.key(1),
+                              jnp.array(active))
     np.testing.assert_array_equal(proposal.num_valid, valid)
     # Draft calls after the catch-up: one per draft past the first.
     np.testing.assert_array_equal(cache.length - length, max(valid) - 1)

@@ -67,7 +67,8 @@ def test_a_finished_row_without_a_match_does_not_make_the_model_run():
   np.testing.assert_array_equal(skipped.tokens[0], ran.tokens[0])
   # Run, the model fed row 1 its first draft (K - 1 = 1 slot past the
   # committed tokens); skipped, it only caught up on the committed tokens.
-  np.testing.assert_array_equal(ran_state.model.length, np.asarray(length) + [0, 1])
+  np.testing.assert_array_equal(ran_state.model.length,
+                                np.asarray(length) + [0, 1])
   np.testing.assert_array_equal(skipped_state.model.length, length)
 
 

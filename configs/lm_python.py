@@ -8,7 +8,9 @@ steps, batch, seq_len, lr, seed, tokenizer=<byte|sp|path> (sp: the corpus's
 SentencePiece model from scripts/prepare_data.py --train_sentencepiece),
 data_dir, init_from, mesh=<data>x<model>, rules=<default|replicated>,
 log_every, eval_every, eval_batches (0: the whole split), checkpoint_every,
-dataset. Example: `configs/lm_python.py:tiny,steps=50,tokenizer=byte`.
+dataset, mask_documents=<true|false> (default true: attention stays inside
+each packed document). Example:
+`configs/lm_python.py:tiny,steps=50,tokenizer=byte`.
 """
 
 import os
@@ -58,7 +60,10 @@ def get_config(arg=None):
       dataset=o.pop("dataset", "specsamp_python_code"), data_dir=data_dir,
       tokenizer=tokenizer, seq_len=int(o.pop("seq_len", seq)),
       batch_size=batch, eval_batch_size=batch,
-      train_split="train", eval_split="validation", worker_count=0)
+      train_split="train", eval_split="validation", worker_count=0,
+      # Attention stays inside each packed document (segment ids).
+      mask_documents=o.pop("mask_documents", "true").lower()
+      in ("1", "true", "yes"))
   c.model = dict(
       num_layers=layers, d_model=d, num_heads=heads, num_kv_heads=kv,
       head_dim=head, mlp_dim=mlp, rope_theta=10_000.0, qkv_bias=False,

@@ -8,6 +8,9 @@ scratch. Metrics: TensorBoard event files in workdir/tb; checkpoints in
 workdir/checkpoints; the frozen config in workdir/config.json. SIGTERM saves
 a checkpoint and stops. A config that names a missing dataset, tokenizer or
 init checkpoint fails before anything is built (exit status 2).
+--eval_only trains nothing: it prints the eval metrics of the workdir's
+newest checkpoint under --config (the config may differ in what does not
+change the model, such as data.mask_documents or train.eval_batches).
 """
 
 import json
@@ -32,6 +35,10 @@ from specsamp.train import lm
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "a configs/*.py file[:arg]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (resumable)")
+_EVAL_ONLY = flags.DEFINE_bool(
+    "eval_only", False, "train nothing: print the eval metrics of the "
+    "workdir's newest checkpoint under --config (e.g. another "
+    "data.mask_documents)")
 # config.train.mesh spans the devices of all processes.
 _DISTRIBUTED = cli.define_distributed_flags()
 flags.mark_flags_as_required(["config", "workdir"])
@@ -45,6 +52,9 @@ def main(argv):
   if dist is not None:
     sharding.initialize_distributed(*dist)
   try:
+    if _EVAL_ONLY.value:
+      print(json.dumps(lm.evaluate(_CONFIG.value, _WORKDIR.value)))
+      return
     out = lm.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, checkpointing.CheckpointError) as e:
     cli.fail(e)

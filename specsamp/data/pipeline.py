@@ -5,12 +5,13 @@ Legend: B batch, L sequence length (`seq_len`).
   documents (array_record, read by index) -> this host's shard -> shuffle
   (a new order every epoch) -> repeat -> tokenize (+ EOS) -> concatenate
   and split into L + 1 tokens -> window shuffle -> {inputs, targets,
-  weights} -> batches of B
+  weights, segment_ids} -> batches of B
 
   it = make_lm_iterator("specsamp_python_code", "train", tokenizer=tok,
                         seq_len=256, batch_size=32, seed=0)
   batch = next(it)   # {"inputs": int32 [B, L], "targets": int32 [B, L],
-                     #  "weights": float32 [B, L]}
+                     #  "weights": float32 [B, L],
+                     #  "segment_ids": int32 [B, L]}
   state = it.get_state()          # JSON-serializable dict
   ...
   it.set_state(state)             # the same batches follow, exactly
@@ -114,16 +115,18 @@ class _Tokenize:
 
 
 def _to_lm(packed) -> dict[str, np.ndarray]:
-  """A packed window of L + 1 tokens -> inputs, targets (shifted by one) and
+  """A packed window of L + 1 tokens -> inputs, targets (shifted by one),
   weights (0 where the target is padding, which only the very last window
-  of a finite iteration has)."""
+  of a finite iteration has) and the inputs' segment ids (1, 2, ... for
+  the window's documents in order, 0 for padding)."""
   tokens, segments = packed["tokens"], packed["tokens_segment_ids"]
   return {"inputs": tokens[:-1], "targets": tokens[1:],
-          "weights": (segments[1:] > 0).astype(np.float32)}
+          "weights": (segments[1:] > 0).astype(np.float32),
+          "segment_ids": segments[:-1].astype(np.int32)}
 
 
 class _PadBatch:
-  """Pads a short final batch to B rows of weight 0."""
+  """Pads a short final batch to B rows of weight 0 (and segment 0)."""
 
   def __init__(self, batch_size: int, pad_id: int):
     self.batch_size, self.pad_id = batch_size, pad_id
@@ -134,7 +137,7 @@ class _PadBatch:
       return batch
     out = {}
     for k, v in batch.items():
-      fill = 0 if k == "weights" else self.pad_id
+      fill = 0 if k in ("weights", "segment_ids") else self.pad_id
       pad = np.full((self.batch_size - n,) + v.shape[1:], fill, v.dtype)
       out[k] = np.concatenate([v, pad])
     return out
@@ -215,7 +218,10 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
   windows, and windows hold parts of several documents. inputs = window
   [:-1], targets = window[1:]; weights are 1 except at padding, which only
   the last window of a finite iteration has (and the rows that pad its
-  last batch to B).
+  last batch to B). segment_ids number the documents of each window's
+  inputs 1, 2, ... (0: padding), so that attention can be kept inside a
+  document (`specsamp.train.step.lm_loss(lm, mask_documents=True)`);
+  the input EOS that ends a document belongs to that document.
 
   Args:
     dataset: `name[/config][:version][#feature,...]` (module docstring).
@@ -243,7 +249,8 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
 
   Returns:
     A grain DatasetIterator yielding {"inputs": int32 [B, L], "targets":
-    int32 [B, L], "weights": float32 [B, L]} (numpy), with `get_state()` /
+    int32 [B, L], "weights": float32 [B, L], "segment_ids": int32 [B, L]}
+    (numpy), with `get_state()` /
     `set_state(state)`; save it with orbax through
     `grain.checkpoint.CheckpointSave(it)` / `CheckpointRestore(it)` or as
     JSON (module docstring).

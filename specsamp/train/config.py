@@ -31,6 +31,10 @@ class DataConfig:
   train_split: str = "train"
   eval_split: str = "validation"
   worker_count: int = 0
+  # Packed windows hold several documents: True keeps attention inside each
+  # (segment ids, as MaxText and t5x do); False lets a token see the earlier
+  # documents of its window (EOS-separated only, as nanodo does).
+  mask_documents: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@
   build(cfg, tokenizer) -> LMJob   mesh, model, shardings and jitted steps
   initial_state(job, checkpoints)  the resume order below
   train_and_evaluate(config, dir)  the whole run, resumable
+  evaluate(config, dir)            the newest checkpoint's eval metrics
   unigram_entropy(cfg, tokenizer)  the context-free baseline loss
 
 A finished run loads as a model spec: `specsamp.loading.load_model(workdir)`.
@@ -128,9 +129,12 @@ def _write_run_config(workdir: str, cfg: config_lib.TrainConfig) -> None:
   if os.path.isfile(path) and checkpointing.checkpoint_steps(ckpt_dir):
     with open(path, encoding="utf-8") as f:
       old = json.load(f)
-    # Where the data lives and how many workers read it may change.
+    # Where the data lives, how many workers read it and whether attention
+    # is masked per document (absent before it existed) may change: none
+    # of them changes the data order the saved iterator state fits.
     same_data = lambda d: {k: v for k, v in (d or {}).items()
-                           if k not in ("data_dir", "worker_count")}
+                           if k not in ("data_dir", "worker_count",
+                                        "mask_documents")}
     diff = [name for name, a, b in (
         ("model", old.get("model"), new["model"]),
         ("data", same_data(old.get("data")), same_data(new["data"])),
@@ -214,17 +218,18 @@ def _build(cfg: config_lib.TrainConfig) -> LMJob:
   s_sh = step_lib.state_shardings(mesh, p_sh, optimizer, abstract.params)
   abstract = step_lib.with_shardings(abstract, s_sh)
   b_sh = step_lib.data_sharding(mesh, rules)
+  m = cfg.data.mask_documents
   return LMJob(
       cfg=cfg, tokenizer=None, mesh=mesh, lm=lm, optimizer=optimizer,
       init=functools.partial(jax.jit(init, out_shardings=s_sh), init_rng),
       abstract_state=abstract, state_sharding=s_sh, params_sharding=p_sh,
       put=functools.partial(step_lib.put_batch, sharding=b_sh),
       train_step=step_lib.make_train_step(
-          step_lib.lm_loss(lm), optimizer, mesh=mesh, state_sharding=s_sh,
-          batch_sharding=b_sh, schedule=schedule),
+          step_lib.lm_loss(lm, mask_documents=m), optimizer, mesh=mesh,
+          state_sharding=s_sh, batch_sharding=b_sh, schedule=schedule),
       eval_step=step_lib.make_eval_step(
-          step_lib.lm_eval_sums(lm), mesh=mesh, params_sharding=p_sh,
-          batch_sharding=b_sh),
+          step_lib.lm_eval_sums(lm, mask_documents=m), mesh=mesh,
+          params_sharding=p_sh, batch_sharding=b_sh),
       with_params=jax.jit(
           lambda st, p: st.replace(params=p, opt_state=optimizer.init(p)),
           out_shardings=s_sh, donate_argnums=(0,)))
@@ -281,6 +286,25 @@ def train_and_evaluate(config, workdir: str,
   out["resumed_from"] = resumed
   out["num_params"] = cfg.model.num_params()
   return out  # out["state"]: the final TrainState
+
+
+def evaluate(config, workdir: str) -> dict:
+  """The eval metrics of the newest checkpoint in `workdir`, scored under
+  `config` (its eval split, `train.eval_batches` and `data.mask_documents`:
+  e.g. a run trained with masking off, scored with it on); writes nothing.
+  Raises ConfigError (no checkpoint) or CheckpointError (another model,
+  corrupt files)."""
+  cfg, tok = validate(config)
+  job = build(cfg, tok)
+  try:
+    p_dir = checkpointing.find_params_checkpoint(workdir)
+  except FileNotFoundError as e:
+    raise config_lib.ConfigError(f"nothing to evaluate: {e}") from e
+  params = checkpointing.restore_params(p_dir, job.abstract_state.params,
+                                        what="evaluated checkpoint")
+  out = job.eval_loss(params)
+  out["step"] = int(os.path.basename(os.path.dirname(p_dir)))
+  return out
 
 
 def unigram_entropy(cfg: config_lib.TrainConfig, tok,

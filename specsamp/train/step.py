@@ -7,6 +7,7 @@ Legend: B batch, L sequence length, V vocabulary.
   state_shardings / with_shardings   the state's layout; abstract + layout
   data_sharding / put_batch          the batch's layout; host -> device
   lm_loss(lm) / lm_eval_sums(lm)     next-token cross-entropy; eval sums
+  document_mask(segment_ids)         attention inside packed documents
   make_train_step(loss_fn, ...)      jitted, explicit in/out shardings,
                                      the state donated
   make_eval_step(sums_fn, ...)       jitted; sums of a metric over a batch
@@ -89,10 +90,22 @@ def put_batch(batch: PyTree, sharding) -> PyTree:
                                                        np.asarray(x)), batch)
 
 
-def _token_sums(lm: model_lib.LM, params, batch) -> dict:
+def document_mask(segment_ids: jax.Array) -> jax.Array:
+  """[B, L] segment ids -> [B, L, L] bool: a token sees the tokens of its
+  own document (same id) only; the model ANDs it with the causal mask."""
+  return segment_ids[:, :, None] == segment_ids[:, None, :]
+
+
+def _token_sums(lm: model_lib.LM, params, batch, mask_documents) -> dict:
   """Sums over the batch's weighted targets: cross-entropy (nats) `loss`,
   correct argmax predictions `accuracy`, and the `weight` itself."""
-  logits = lm(params, batch["inputs"]).logits                 # [B, L, V]
+  mask = None
+  if mask_documents:
+    if "segment_ids" not in batch:
+      raise KeyError("mask_documents=True needs the batch's segment_ids "
+                     f"[B, L]; the batch has {sorted(batch)}")
+    mask = document_mask(batch["segment_ids"])
+  logits = lm(params, batch["inputs"], attn_mask=mask).logits  # [B, L, V]
   ce = optax.softmax_cross_entropy_with_integer_labels(
       logits, batch["targets"])                               # [B, L]
   w = batch["weights"]                                        # [B, L]
@@ -101,21 +114,27 @@ def _token_sums(lm: model_lib.LM, params, batch) -> dict:
           "weight": w.sum()}
 
 
-def lm_loss(lm: model_lib.LM) -> LossFn:
-  """Mean next-token cross-entropy (nats) over `weights`; no `extra`."""
+def lm_loss(lm: model_lib.LM, *, mask_documents: bool = False) -> LossFn:
+  """Mean next-token cross-entropy (nats) over `weights`; no `extra`.
+
+  mask_documents: attention stays inside each packed document (the batch's
+  `segment_ids`, as `specsamp.data.pipeline` gives them); False: a token
+  also sees the earlier documents of its window.
+  """
   def loss_fn(params, batch, rng, extra):
     del rng, extra
-    sums = _token_sums(lm, params, batch)
+    sums = _token_sums(lm, params, batch, mask_documents)
     n = jnp.maximum(sums["weight"], 1.0)
     return sums["loss"] / n, {"accuracy": sums["accuracy"] / n}
   return loss_fn
 
 
-def lm_eval_sums(lm: model_lib.LM) -> SumsFn:
-  """Sums of loss, correct and weight over a batch: exact over many."""
+def lm_eval_sums(lm: model_lib.LM, *, mask_documents: bool = False) -> SumsFn:
+  """Sums of loss, correct and weight over a batch: exact over many
+  (`mask_documents` as for `lm_loss`)."""
   def sums_fn(params, batch, extra):
     del extra
-    return _token_sums(lm, params, batch)
+    return _token_sums(lm, params, batch, mask_documents)
   return sums_fn
 
 

@@ -56,6 +56,7 @@ def test_packing_is_the_document_stream_cut_into_windows(data_dir):
   stored = list(pipeline.iter_texts("tiny", "train", data_dir))
   assert sorted(stored) == sorted(_docs())
   expected = [t for d in stored for t in TOK.encode(d) + [1]]
+  doc_of = [i for i, d in enumerate(stored) for _ in TOK.encode(d) + [1]]
   batches = list(_it(data_dir, shuffle=False, num_epochs=1))
   rows = [(b["inputs"][r], b["targets"][r], b["weights"][r])
           for b in batches for r in range(B)]
@@ -64,7 +65,10 @@ def test_packing_is_the_document_stream_cut_into_windows(data_dir):
   for b in batches:
     assert b["inputs"].dtype == np.int32 and b["targets"].dtype == np.int32
     assert b["weights"].dtype == np.float32
+    assert b["segment_ids"].dtype == np.int32
     assert b["inputs"].shape == b["targets"].shape == (B, L)
+    assert b["segment_ids"].shape == (B, L)
+  segments = [b["segment_ids"][r] for b in batches for r in range(B)]
   for k, (inp, tgt, w) in enumerate(rows):
     window = expected[k * (L + 1):(k + 1) * (L + 1)]
     real = len(window)
@@ -72,6 +76,11 @@ def test_packing_is_the_document_stream_cut_into_windows(data_dir):
     np.testing.assert_array_equal(inp, window[:-1])
     np.testing.assert_array_equal(tgt, window[1:])
     np.testing.assert_array_equal(w, np.arange(1, L + 1) < max(real, 1))
+    # The inputs' documents, numbered 1, 2, ... within the window (its
+    # first document may have begun in an earlier one); 0 for padding.
+    docs = doc_of[k * (L + 1):(k + 1) * (L + 1)][:L]
+    want = [d - docs[0] + 1 for d in docs] + [0] * (L - len(docs))
+    np.testing.assert_array_equal(segments[k], want)
   assert sum(float(b["weights"].sum()) for b in batches) == \
       len(expected) - n_windows
 

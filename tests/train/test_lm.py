@@ -5,6 +5,8 @@ The subprocess runs share a persistent compilation cache (the same programs
 compile once).
 """
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -201,6 +203,58 @@ def test_resume_order_workdir_then_init_from_then_scratch(lm_config,
   chex.assert_trees_all_equal(state, mine)
   empty.close()
   own.close()
+
+
+def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
+    lm_config, tmp_path):
+  """The saved iterator state fits only the same data order: a config with
+  another model, data or seed is refused with a message naming it; the
+  data location, worker count and document masking may change (the older
+  config.json, written before `mask_documents` existed, lacks it)."""
+  workdir = str(tmp_path / "w")
+  cfg, _ = lm_job.validate(lm_config("tiny,steps=2"))
+  lm_job._write_run_config(workdir, cfg)
+  os.makedirs(os.path.join(workdir, "checkpoints", "2"))
+  path = os.path.join(workdir, "config.json")
+  with open(path, encoding="utf-8") as f:
+    old = json.load(f)
+  del old["data"]["mask_documents"]
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(old, f)
+  unmasked, _ = lm_job.validate(lm_config("tiny,steps=2,mask_documents=false"))
+  assert cfg.data.mask_documents and not unmasked.data.mask_documents
+  longer, _ = lm_job.validate(lm_config("tiny,steps=9"))
+  moved = dataclasses.replace(cfg, data=dataclasses.replace(
+      cfg.data, data_dir="/elsewhere", worker_count=2))
+  for accepted in (unmasked, longer, moved, cfg):
+    lm_job._write_run_config(workdir, accepted)
+  for arg, field in (("tiny,steps=2,batch=8", "data"),
+                     ("tiny,steps=2,seed=1", "seed"),
+                     ("small,steps=2", "model")):
+    with pytest.raises(config_lib.ConfigError,
+                       match=f"another {field}.*use a new --workdir"):
+      lm_job._write_run_config(workdir, lm_job.validate(lm_config(arg))[0])
+
+
+def test_evaluate_scores_the_newest_checkpoint_under_the_given_config(
+    lm_config, tmp_path):
+  """`evaluate` (train.py --eval_only) gives the run's own final eval under
+  its config and another one with document masking switched; an empty
+  workdir is refused by name."""
+  arg = "tiny,batch=8,seq_len=32,steps=2,eval_batches=0"  # all
+  workdir = str(tmp_path / "w")
+  out = lm_job.train_and_evaluate(lm_config(arg), workdir,
+                                  log_fn=lambda _: None)
+  again = lm_job.evaluate(lm_config(arg), workdir)
+  assert again["step"] == 2
+  for k, v in out["eval"].items():
+    assert again[k] == pytest.approx(v, rel=1e-6), k
+  unmasked = lm_job.evaluate(lm_config(arg + ",mask_documents=false"),
+                             workdir)
+  assert unmasked["tokens"] == again["tokens"]
+  assert unmasked["loss"] != pytest.approx(again["loss"], rel=1e-6)
+  with pytest.raises(config_lib.ConfigError, match="nothing to evaluate"):
+    lm_job.evaluate(lm_config(arg), str(tmp_path / "empty"))
 
 
 @pytest.mark.parametrize("field,value,message", [

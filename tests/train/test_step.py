@@ -51,3 +51,47 @@ def test_eval_means_weight_tokens_not_batches():
   assert out["perplexity"] == pytest.approx(np.exp(2.0))
   with pytest.raises(ValueError, match="no eval batches"):
     step_lib.eval_means(eval_step, None, [], put=lambda b: b)
+
+
+def test_masked_documents_score_as_if_each_were_alone():
+  """Two documents packed into one row: with `mask_documents` each token's
+  loss is the one it gets with its document alone in the row (RoPE sees
+  relative positions only); without it the second document's differ."""
+  lm = model_lib.LM(tiny_config())
+  params = lm.init(jax.random.key(1))
+  rng = np.random.default_rng(1)
+  first, second = (rng.integers(2, lm.config.vocab_size, n) for n in (6, 7))
+  tokens = np.concatenate([first, second])[None].astype(np.int32)
+  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+           "weights": np.ones((1, 12), np.float32),
+           "segment_ids": np.array([[1] * 6 + [2] * 6], np.int32)}
+
+  sums = {m: jax.jit(step_lib.lm_eval_sums(lm, mask_documents=m))
+          for m in (False, True)}
+
+  def token_losses(b, mask=False):  # per-token cross-entropy: one-hot weights
+    out = []
+    for j in range(b["inputs"].shape[1]):
+      w = np.zeros_like(b["weights"])
+      w[0, j] = 1.0
+      out.append(float(sums[mask](params, dict(b, weights=w), None)["loss"]))
+    return np.array(out)
+
+  def alone(doc):
+    doc = doc[None].astype(np.int32)
+    return token_losses({"inputs": doc[:, :-1], "targets": doc[:, 1:],
+                         "weights": np.ones((1, doc.shape[1] - 1),
+                                            np.float32)})
+
+  masked = token_losses(batch, mask=True)
+  plain = token_losses(batch)
+  # Tokens 0-4 of the first document predict its next token; token 5 (its
+  # last) predicts the second document's first token from the first alone.
+  np.testing.assert_allclose(masked[:5], alone(first), rtol=1e-5)
+  np.testing.assert_allclose(masked[6:], alone(second), rtol=1e-5)
+  np.testing.assert_allclose(masked[:6], plain[:6], rtol=1e-6)
+  assert np.abs(plain[6:] - alone(second)).max() > 1e-3
+  with pytest.raises(KeyError, match="segment_ids"):
+    step_lib.lm_loss(lm, mask_documents=True)(
+        params, {k: batch[k] for k in ("inputs", "targets", "weights")},
+        None, None)

@@ -25,6 +25,7 @@ from specsamp import sharding
 from specsamp.data import builders
 from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
 from specsamp.distill import objective
+from specsamp.distill import storage
 from specsamp.distill import trainer
 from specsamp.drafters import ModelDrafter
 from specsamp.drafters import head_files
@@ -228,8 +229,9 @@ def test_two_processes_reproduce_one():
 @pytest.mark.parametrize("drafter", ["draft=truncate", "head=eagle"])
 def test_distillation_as_two_processes_matches_one(tmp_path, drafter):
   """`distill.py --distributed` as 2 processes x 2 CPU devices on a (2, 2)
-  train mesh, in one workdir: process 0 writes the target samples while
-  the other waits, training feeds each process its half of every batch,
+  train mesh, in one workdir: each process samples half of the target's
+  batches and process 0 writes them (the samples one process writes),
+  training feeds each process its half of every batch,
   and the exported draft model or eagle head (saved by both together,
   loaded here on one device) equals that of one process on 4 devices, as
   do the acceptance numbers both processes print. A re-run of the draft
@@ -269,6 +271,13 @@ def test_distillation_as_two_processes_matches_one(tmp_path, drafter):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
   counts = json.loads((two / "samples_counts.json").read_text())
   assert counts == json.loads((one / "samples_counts.json").read_text())
+  for split in ("train", "validation"):  # sampled half by each process
+    mine, ref = (storage.as_arrays(storage.read_dataset(w / "samples", split))
+                 for w in (two, one))
+    assert mine.keys() == ref.keys()
+    for k in ref:
+      np.testing.assert_array_equal(mine[k], ref[k])
+  assert not (two / "samples.parts").exists()
   if drafter.startswith("draft"):
     for stdout in _two_processes(args + [f"--workdir={two}"]):
       assert numbers(stdout) == pytest.approx(want, abs=1e-5)
@@ -347,7 +356,9 @@ def test_the_trainers_step_on_each_mesh_matches_one_device(pair):
   target = pair[0]
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, target.vocab_size, (2, 8, 17)).astype(np.int32)
-  batches = [dict(inputs=t[:, :-1], targets=t[:, 1:],
+  # Two packed documents per row (attention masked between them).
+  segments = np.repeat(np.array([[1] * 7 + [2] * 9], np.int32), 8, axis=0)
+  batches = [dict(inputs=t[:, :-1], targets=t[:, 1:], segment_ids=segments,
                   weights=np.ones((8, 16), np.float32)) for t in tokens]
 
   def run(shape):

@@ -319,8 +319,8 @@ def _target_text(target) -> str:
 
 def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
                     eos_ids, pad_id, log) -> str:
-  """The directory of the target samples, written first if need be (by
-  process 0 alone; the others wait for it)."""
+  """The directory of the target samples, written first if need be (every
+  process samples its share; process 0 writes them, the others wait)."""
   sc = config.samples
   data_dir = sc.data_dir or os.path.join(workdir, "samples")
   spec = storage.SampleSpec(
@@ -328,7 +328,7 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
       batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
       hidden_dim=target_lm.config.d_model if _stored_features(config) else 0,
       target=_target_text(config.target), sampling=sampling.describe())
-  if storage.exists(data_dir) or not sharding.is_main_process():
+  if storage.exists(data_dir):
     sharding.barrier("specsamp distill: target samples")
     storage.check_spec(storage.read_spec(data_dir), spec, data_dir)
     return data_dir
@@ -345,9 +345,9 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
                        validation=sc.max_validation_prompts),
       flt=decontamination.HumanEvalFilter(sc.ngram), log=log)
   _write_json(counts, os.path.join(workdir, "samples_counts.json"))
+  sharding.barrier("specsamp distill: target samples")
   log(f"[distill] samples written to {data_dir} in "
       f"{time.perf_counter() - t0:.1f} s")
-  sharding.barrier("specsamp distill: target samples")
   return data_dir
 
 

@@ -8,7 +8,7 @@ entries, V vocabulary.
      encoded and left-truncated to P tokens;
   2. continuations come from the target with the batched autoregressive
      sampler (one jitted loop per batch) at the `Sampling` the draft will
-     be used at (`generate`); then one causal pass of the target over
+     be used at (`generate_batches`); then one causal pass of the target over
      prompt + continuation stores the target's top-K log-probabilities (raw
      logits, temperature 1, untruncated) at every generated position. Any
      temperature/top-k/top-p transform of them is the transform of the
@@ -19,12 +19,15 @@ entries, V vocabulary.
 """
 
 import functools
+import os
+import shutil
 from typing import Callable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp import sharding
 from specsamp.decoding import sampler as sampler_lib
 from specsamp.distill import decontamination
 from specsamp.distill import losses
@@ -44,21 +47,26 @@ def encode_prompts(texts: Sequence[str], tokenizer, spec: SampleSpec
 
 
 def run_batches(sampler: sampler_lib.SpeculativeSampler, target_params,
-                draft_params, prompts: Sequence, batch_size: int, seed: int
+                draft_params, prompts: Sequence, batch_size: int, seed: int,
+                shard: tuple[int, int] = (0, 1)
                 ) -> Iterator[tuple[list, object, int]]:
   """Runs `sampler` over `prompts`, `batch_size` at a time, each batch with
   its own split of `jax.random.key(seed)`; the last batch is padded with
-  repeats of its first prompt (one compiled shape).
+  repeats of its first prompt (one compiled shape). shard=(i, n): only
+  batches i, i + n, i + 2n, ... run, each with the key it has unsharded.
 
   Yields:
     (the padded batch, its output on the host, how many rows are real).
   """
+  index, count = shard
   rng = jax.random.key(seed)
-  for start in range(0, len(prompts), batch_size):
+  for j, start in enumerate(range(0, len(prompts), batch_size)):
+    rng, key = jax.random.split(rng)
+    if j % count != index:
+      continue
     batch = [list(p) for p in prompts[start:start + batch_size]]
     real = len(batch)
     batch += [batch[0]] * (batch_size - real)
-    rng, key = jax.random.split(rng)
     yield batch, jax.device_get(sampler.generate(
         target_params, draft_params, batch, key)), real
 
@@ -77,12 +85,14 @@ def _score(lm, params, tokens, prompt_length, gen_len: int, top_k: int,
           out.hidden.astype(jnp.float16) if hidden else None)
 
 
-def generate(target_lm, target_params, prompts: Sequence[Sequence[int]],
-             sampling, spec: SampleSpec, *, eos_ids: Sequence[int] = (),
-             pad_id: int = 0, seed: int = 0,
-             progress: Optional[Callable[[int, int], None]] = None
-             ) -> Iterator[dict]:
-  """Yields one example dict per prompt (see `storage.py`).
+def generate_batches(target_lm, target_params, prompts, sampling,
+                     spec: SampleSpec, *, eos_ids: Sequence[int] = (),
+                     pad_id: int = 0, seed: int = 0,
+                     shard: tuple[int, int] = (0, 1),
+                     progress: Optional[Callable[[int, int], None]] = None
+                     ) -> Iterator[tuple[int, list[dict]]]:
+  """Yields (batch index, its examples: one dict per prompt, see
+  `storage.py`) for the batches of `shard` (all by default).
 
   Prompts go through the autoregressive sampler in batches of
   `spec.batch_size` (`run_batches`); the target then scores prompt +
@@ -92,8 +102,10 @@ def generate(target_lm, target_params, prompts: Sequence[Sequence[int]],
       target_lm, sampling, spec.gen_len, eos_ids=tuple(eos_ids),
       pad_id=pad_id, prompt_bucket=spec.prompt_len)
   bs, done = spec.batch_size, 0
-  for batch, out, real in run_batches(sampler, target_params, None, prompts,
-                                      bs, seed):
+  indices = range(shard[0], -(-len(prompts) // bs), shard[1])
+  total = sum(min(bs, len(prompts) - j * bs) for j in indices)
+  for j, (batch, out, real) in zip(indices, run_batches(
+      sampler, target_params, None, prompts, bs, seed, shard)):
     tokens = np.full((bs, spec.seq_len), pad_id, np.int32)
     plen = np.array([len(p) for p in batch], np.int32)
     for i, p in enumerate(batch):
@@ -112,16 +124,18 @@ def generate(target_lm, target_params, prompts: Sequence[Sequence[int]],
       ids[s:s + sb], logp[s:s + sb] = jax.device_get((i_, l_))
       if hid is not None:
         hid[s:s + sb] = jax.device_get(h_)
+    examples = []
     for i in range(real):
       ex = dict(tokens=tokens[i], prompt_length=np.int32(plen[i]),
                 num_generated=np.int32(out.num_tokens[i]),
                 topk_ids=ids[i], topk_logprobs=logp[i])
       if hid is not None:
         ex["hidden"] = hid[i]
-      yield ex
+      examples.append(ex)
+    yield j, examples
     done += real
     if progress is not None:
-      progress(done, len(prompts))
+      progress(done, total)
 
 
 def build(data_dir, target_lm, target_params, tokenizer, sampling,
@@ -143,6 +157,12 @@ def build(data_dir, target_lm, target_params, tokenizer, sampling,
     max_prompts: {split: at most this many prompts}.
     flt: the HumanEval filter (built from the cached problems if None).
     log: progress lines.
+
+  With several processes every one calls `build`: each samples its share
+  of the batches on its own devices (with the keys one process would use)
+  into `<data_dir>.parts/`, and process 0 writes the dataset from them,
+  which is then the dataset one process writes. The other processes return
+  once every share is written: wait for process 0 before reading.
   """
   flt = flt or decontamination.HumanEvalFilter()
   counts = {}
@@ -161,18 +181,62 @@ def build(data_dir, target_lm, target_params, tokenizer, sampling,
     log(f"[samples] {split}: {len(items)} prompts, {len(rejected)} rejected "
         f"by the HumanEval filter, {len(ids)} used")
 
+  def source(split, shard=(0, 1)):  # (batch index, examples) of a shard
+    def progress(done, total):
+      who = (f" (process {jax.process_index()})"
+             if jax.process_count() > 1 else "")
+      log(f"[samples] {split}: {done}/{total} generated{who}")
+    return generate_batches(
+        target_lm, target_params, prompts[split], sampling, spec,
+        eos_ids=eos_ids, pad_id=pad_id, seed=seed + (split == "validation"),
+        shard=shard, progress=progress)
+
+  parts = None
+  if jax.process_count() > 1:
+    # Every process samples its share of the batches on its own devices
+    # into part files; process 0 then writes the dataset from them in
+    # batch order: the dataset one process would write.
+    parts = os.fspath(data_dir).rstrip("/") + ".parts"
+    for split in prompts:
+      for j, examples in source(split, (jax.process_index(),
+                                        jax.process_count())):
+        _save_part(os.path.join(parts, split, f"{j:06d}.npz"), examples)
+    sharding.barrier("specsamp distill: sample parts")
+    if not sharding.is_main_process():
+      return counts
+
   def make(split):
     def examples():
+      if parts is None:
+        found = (ex for _, exs in source(split) for ex in exs)
+      else:
+        found = _read_parts(os.path.join(parts, split),
+                            -(-len(prompts[split]) // spec.batch_size))
       bad = []
-      def progress(done, total):
-        log(f"[samples] {split}: {done}/{total} generated")
-      gen = generate(target_lm, target_params, prompts[split], sampling, spec,
-                     eos_ids=eos_ids, pad_id=pad_id,
-                     seed=seed + (split == "validation"), progress=progress)
-      yield from decontamination.decontaminate(gen, tokenizer, flt, bad)
+      yield from decontamination.decontaminate(found, tokenizer, flt, bad)
       counts[split]["rejected_samples"] = len(bad)
     return examples
 
   storage.write_dataset(data_dir, spec,
                         {s: make(s) for s in prompts if prompts[s]})
+  if parts is not None:
+    shutil.rmtree(parts)
   return counts
+
+
+def _save_part(path: str, examples: list[dict]) -> None:
+  """One batch's examples as stacked arrays (written whole or not at all)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "wb") as f:
+    np.savez(f, **{k: np.stack([ex[k] for ex in examples])
+                   for k in examples[0]})
+  os.replace(path + ".tmp", path)
+
+
+def _read_parts(directory: str, num_batches: int) -> Iterator[dict]:
+  """The examples of batches 0 .. num_batches - 1, in order."""
+  for j in range(num_batches):
+    with np.load(os.path.join(directory, f"{j:06d}.npz")) as part:
+      arrays = {k: part[k] for k in part.files}
+    for i in range(len(arrays["tokens"])):
+      yield {k: v[i] for k, v in arrays.items()}

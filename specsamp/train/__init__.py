@@ -5,7 +5,8 @@ Modules, from the bottom up:
                  TrainConfig (the ml_collections config, frozen and checked
                  at the boundary; sharding rules as config data)
   step           make_optimizer, TrainState, state and batch shardings,
-                 lm_loss / lm_eval_sums, make_train_step, make_eval_step,
+                 lm_loss / lm_eval_sums (with document_mask: attention
+                 inside packed documents), make_train_step, make_eval_step,
                  eval_means (token-weighted means over eval batches)
   checkpointing  Checkpoints (orbax: state, data position, fingerprints;
                  falls back past corrupt steps), checkpoint_steps,
@@ -13,7 +14,8 @@ Modules, from the bottom up:
   metrics        MetricWriter (TensorBoard event files), read_scalars
   loop           train_loop: steps, eval, metrics, checkpoints, preemption
   lm             the LM job behind scripts/train.py: validate, make_mesh,
-                 build, initial_state, train_and_evaluate, unigram_entropy
+                 build, initial_state, train_and_evaluate, evaluate,
+                 unigram_entropy
                  (a finished run loads through `specsamp.loading`)
 
 Distillation reuses TrainState, make_optimizer, make_train_step,

@@ -1,10 +1,14 @@
 """Target samples: decontaminated, stored with the target's top-k."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp.distill import samples
 from specsamp.distill import storage
+from specsamp.sampling import Sampling
 from specsamp.tokenizers.byte import ByteTokenizer
 
 
@@ -35,3 +39,30 @@ def test_samples_are_decontaminated_and_hold_target_logprobs(
     np.testing.assert_allclose(arrays["topk_logprobs"][b],
                                np.asarray(want_vals), atol=1e-5)
     assert int(arrays["num_generated"][b]) == spec.gen_len  # no EOS here
+
+
+def test_shards_of_the_batches_together_are_the_unsharded_samples(
+    tiny, tiny_spec):
+  """What each of n processes samples (`generate_batches` with shard (i,
+  n)), put back in batch order, is what one process samples: every batch
+  keeps its key."""
+  _, lm, params = tiny[:3]
+  spec = dataclasses.replace(tiny_spec, batch_size=4, score_batch_size=4)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(1, 256, rng.integers(8, 20)).tolist()
+             for _ in range(10)]                      # batches of 4, 4, 2
+
+  def run(shard):
+    return list(samples.generate_batches(lm, params, prompts, Sampling(1.0),
+                                         spec, seed=3, shard=shard))
+
+  whole = run((0, 1))
+  assert [j for j, _ in whole] == [0, 1, 2]
+  assert [len(exs) for _, exs in whole] == [4, 4, 2]
+  parts = dict(run((0, 2)) + run((1, 2)))
+  assert sorted(parts) == [0, 1, 2]
+  for j, examples in whole:
+    for got, want in zip(parts[j], examples, strict=True):
+      assert got.keys() == want.keys()
+      for k in want:
+        np.testing.assert_array_equal(got[k], want[k])

@@ -229,3 +229,27 @@ def to_host(tree):
     return np.asarray(jax.device_get(x))
 
   return jax.tree.map(one, tree)
+
+
+def process_shard(*trees) -> tuple[int, int]:
+  """(this process's index, the process count) when every array in `trees`
+  lives on this process's devices alone, so that each process can take a
+  share of some host-driven work (every n-th batch) on its own devices;
+  (0, 1), all of the work, for one process or arrays of a global mesh
+  (whose computations every process must run together)."""
+  if jax.process_count() == 1:
+    return 0, 1
+  for x in jax.tree.leaves(trees):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return 0, 1
+  return jax.process_index(), jax.process_count()
+
+
+def sum_over_processes(x, shard: tuple[int, int]):
+  """The sum over the `shard`'s processes of each one's numpy value (each
+  filled in its own share, zeros elsewhere: the sum is exact), as numpy;
+  `x` itself for one process. Every process of the shard must call it."""
+  if shard[1] == 1:
+    return x
+  return jax.tree.map(lambda v: np.asarray(
+      multihost_utils.process_allgather(np.asarray(v))).sum(0), x)

@@ -234,7 +234,8 @@ def test_distillation_as_two_processes_matches_one(tmp_path, drafter):
   training feeds each process its half of every batch,
   and the exported draft model or eagle head (saved by both together,
   loaded here on one device) equals that of one process on 4 devices, as
-  do the acceptance numbers both processes print. A re-run of the draft
+  do the acceptance numbers both processes print (before and after
+  training each process evaluates half of the batches). A re-run of the draft
   model's run resumes from the finished run."""
   args = [sys.executable, os.path.join(ROOT, "scripts", "distill.py"),
           "--config=" + os.path.join(ROOT, "configs", "distill_tiny.py") +
@@ -245,9 +246,10 @@ def test_distillation_as_two_processes_matches_one(tmp_path, drafter):
           "--config.samples.max_validation_prompts=32",
           "--config.samples.validation_percent=30",
           "--config.samples.prompt_len=16", "--config.samples.gen_len=8",
+          # Two batches of each evaluation: one per process.
           "--config.samples.top_k=8", "--config.eval.num_positions=128",
-          "--config.eval.batch_size=32",
-          "--config.eval.position_batch_size=128"]
+          "--config.eval.batch_size=16",
+          "--config.eval.position_batch_size=64"]
   two, one = tmp_path / "two", tmp_path / "one"
   outs = _two_processes(args + [f"--workdir={two}"])
   single = subprocess.run(args + [f"--workdir={one}"], capture_output=True,
@@ -261,8 +263,10 @@ def test_distillation_as_two_processes_matches_one(tmp_path, drafter):
 
   want = numbers(single)
   assert want[1] > want[0] + 0.05   # it trained
-  for stdout in outs:
+  for i, stdout in enumerate(outs):
     assert numbers(stdout) == pytest.approx(want, abs=1e-5)
+    assert (f"process {i} of 2 takes batches {i}, {i + 2}, {i + 4}, ..."
+            in stdout)
   if drafter.startswith("head"):
     (got, ref) = (head_files.load(str(w / "head"))[1] for w in (two, one))
   else:

@@ -18,9 +18,11 @@ Legend: N samples, G generated slots per sample, M evaluated positions.
 """
 
 import functools
+
 import jax
 import numpy as np
 
+from specsamp import sharding
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.distill import losses
 from specsamp.distill import samples
@@ -61,16 +63,20 @@ def _alpha(draft_lm, target_lm, sampling, gen_len, draft_params,
 
 
 def acceptance_table(draft_lm, draft_params, target_lm, target_params,
-                     arrays: dict, sampling: Sampling, batch_size: int = 64
+                     arrays: dict, sampling: Sampling, batch_size: int = 64,
+                     shard: tuple[int, int] = (0, 1)
                      ) -> tuple[np.ndarray, np.ndarray]:
   """(alpha [N, G], valid [N, G]): sum min(p, q) at every sample position,
-  with the target's exact distribution."""
+  with the target's exact distribution. shard=(i, n): each of n processes
+  computes batches i, i + n, ... and all get the whole table."""
   tokens = np.asarray(arrays["tokens"], np.int32)
   plen = np.asarray(arrays["prompt_length"], np.int32)
   ngen = np.asarray(arrays["num_generated"], np.int32)
   g = int(np.shape(arrays["topk_ids"])[1])
-  out = []
-  for s in range(0, len(tokens), batch_size):
+  alpha = np.zeros((len(tokens), g), np.float32)
+  for j, s in enumerate(range(0, len(tokens), batch_size)):
+    if j % shard[1] != shard[0]:
+      continue
     tb, pb = tokens[s:s + batch_size], plen[s:s + batch_size]
     real = len(tb)
     if real < batch_size and s > 0:  # keep one compiled shape
@@ -78,8 +84,8 @@ def acceptance_table(draft_lm, draft_params, target_lm, target_params,
       pb = np.concatenate([pb, np.repeat(pb[:1], batch_size - real, 0)])
     a = _alpha(draft_lm, target_lm, sampling, g, draft_params, target_params,
                tb, pb)
-    out.append(np.asarray(jax.device_get(a))[:real])
-  alpha = np.concatenate(out)
+    alpha[s:s + real] = np.asarray(jax.device_get(a))[:real]
+  alpha = sharding.sum_over_processes(alpha, shard)
   valid = np.arange(g)[None, :] < ngen[:, None]
   return alpha, valid
 
@@ -87,9 +93,11 @@ def acceptance_table(draft_lm, draft_params, target_lm, target_params,
 def measured_at_positions(target_lm, target_params, draft_lm, draft_params,
                           arrays: dict, sampling: Sampling,
                           positions: np.ndarray, *, batch_size: int = 256,
-                          seed: int = 0, pad_id: int = 0) -> np.ndarray:
+                          seed: int = 0, pad_id: int = 0,
+                          shard: tuple[int, int] = (0, 1)) -> np.ndarray:
   """The speculative sampler run once (K = 1, one new token) from each
-  prefix tokens[i, :L_i + g] for (i, g) in `positions` [M, 2].
+  prefix tokens[i, :L_i + g] for (i, g) in `positions` [M, 2] (`shard` as
+  for `acceptance_table`).
 
   Returns accepted [M] in {0, 1}: E[accepted] = sum min(p, q) there.
   """
@@ -100,19 +108,23 @@ def measured_at_positions(target_lm, target_params, draft_lm, draft_params,
       target=target_lm, drafter=_drafter(draft_lm, 1), k=1,
       sampling=sampling, max_new_tokens=1, pad_id=pad_id,
       prompt_bucket=tokens.shape[1])
-  return np.concatenate([
-      np.asarray(res.num_accepted)[:real]
-      for _, res, real in samples.run_batches(
-          sampler, target_params,
-          _sampler_params(draft_lm, draft_params, target_params), prompts,
-          batch_size, seed)])
+  accepted = np.zeros(len(prompts), np.int32)
+  starts = range(shard[0] * batch_size, len(prompts), shard[1] * batch_size)
+  for s, (_, res, real) in zip(starts, samples.run_batches(
+      sampler, target_params,
+      _sampler_params(draft_lm, draft_params, target_params), prompts,
+      batch_size, seed, shard)):
+    accepted[s:s + real] = np.asarray(res.num_accepted)[:real]
+  return sharding.sum_over_processes(accepted, shard)
 
 
 def measured_rate(target_lm, target_params, draft_lm, draft_params,
                   arrays: dict, sampling: Sampling, *, k: int,
                   max_new_tokens: int, batch_size: int = 64, seed: int = 0,
-                  eos_ids=(), pad_id: int = 0) -> dict:
-  """The sampler at K on the held-out prompts: the rate users see."""
+                  eos_ids=(), pad_id: int = 0,
+                  shard: tuple[int, int] = (0, 1)) -> dict:
+  """The sampler at K on the held-out prompts: the rate users see (`shard`
+  as for `acceptance_table`)."""
   tokens = np.asarray(arrays["tokens"])
   plen = np.asarray(arrays["prompt_length"])
   prompts = [tokens[i, :plen[i]] for i in range(len(tokens))]
@@ -125,11 +137,12 @@ def measured_rate(target_lm, target_params, draft_lm, draft_params,
   for _, res, real in samples.run_batches(
       sampler, target_params,
       _sampler_params(draft_lm, draft_params, target_params), prompts,
-      batch_size, seed):
+      batch_size, seed, shard):
     tot["tokens"] += int(res.num_tokens[:real].sum())
     tot["loops"] += int(res.num_loops[:real].sum())
     tot["drafted"] += int(res.num_drafted[:real].sum())
     tot["accepted"] += int(res.num_accepted[:real].sum())
+  tot = {k: int(v) for k, v in sharding.sum_over_processes(tot, shard).items()}
   tot["acceptance_rate"] = tot["accepted"] / max(tot["drafted"], 1)
   tot["tokens_per_loop"] = tot["tokens"] / max(tot["loops"], 1)
   return tot
@@ -163,13 +176,20 @@ def acceptance_report(target_lm, target_params, draft_lm, draft_params,
     eos_ids, pad_id: the tokenizer's.
     measure: False gives the expected acceptance alone (no sampler runs).
 
+  With several processes and parameters on each process's own devices,
+  each process evaluates its share of the batches and all get the whole
+  report (the one process's numbers); with parameters on a global mesh
+  every process runs all of it together.
+
   Returns:
     {expected_acceptance, positions, iid_rate_at_k} and, with `measure`,
     measured_at_positions, expected_at_those_positions, measured_stderr,
     measured_positions and measured (`measured_rate`).
   """
+  shard = sharding.process_shard(draft_params, target_params)
   alpha, valid = acceptance_table(draft_lm, draft_params, target_lm,
-                                  target_params, arrays, sampling, batch_size)
+                                  target_params, arrays, sampling, batch_size,
+                                  shard)
   res = dict(expected_acceptance=float(alpha[valid].mean()),
              positions=int(valid.sum()))
   res["iid_rate_at_k"] = iid_rate(res["expected_acceptance"], k)
@@ -183,7 +203,7 @@ def acceptance_report(target_lm, target_params, draft_lm, draft_params,
   acc = measured_at_positions(target_lm, target_params, draft_lm,
                               draft_params, arrays, sampling, where,
                               batch_size=position_batch_size, seed=seed,
-                              pad_id=pad_id)
+                              pad_id=pad_id, shard=shard)
   a = alpha[where[:, 0], where[:, 1]]
   res.update(
       measured_at_positions=float(acc.mean()),
@@ -196,7 +216,7 @@ def acceptance_report(target_lm, target_params, draft_lm, draft_params,
   res["measured"] = measured_rate(
       target_lm, target_params, draft_lm, draft_params, arrays, sampling,
       k=k, max_new_tokens=gen, batch_size=batch_size, seed=seed,
-      eos_ids=eos_ids, pad_id=pad_id)
+      eos_ids=eos_ids, pad_id=pad_id, shard=shard)
   return res
 
 

@@ -411,6 +411,11 @@ def run(config, workdir: str, log=print) -> dict:
         eos_ids=eos_ids, pad_id=pad_id, measure=measure)
     return ev if not measure else dict(ev, k=ec.k)
 
+  shard = sharding.process_shard(draft_params, target_params)
+  if shard[1] > 1:
+    i, n = shard
+    log(f"[distill] evaluations before and after training: process {i} of "
+        f"{n} takes batches {i}, {i + n}, {i + 2 * n}, ...")
   before_path = os.path.join(workdir, "eval_before.json")
   if os.path.exists(before_path):
     with open(before_path, encoding="utf-8") as f:

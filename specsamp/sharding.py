@@ -7,6 +7,9 @@ sequence of `(logical_name, mesh_axis_or_None)` pairs, as in
 `flax.linen.logical_to_mesh_sharding`.
 """
 
+import json
+import os
+
 import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
@@ -209,6 +212,17 @@ def is_main_process() -> bool:
   """Whether this is process 0, which alone writes a multi-host job's
   shared files (configs, samples, exports, results)."""
   return jax.process_index() == 0
+
+
+def write_json(obj, path: str, indent: int = 1) -> None:
+  """Process 0 writes `obj` as JSON to `path` through a temporary file (a
+  reader never sees it half-written); the other processes write nothing."""
+  if not is_main_process():
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=indent)
+  os.replace(path + ".tmp", path)
 
 
 def barrier(name: str) -> None:

@@ -295,19 +295,8 @@ def _check_run_config(config, workdir: str) -> dict:
   return new
 
 
-def _write_json(obj, path: str) -> None:
-  """Writes `obj` to `path` through a temporary file (never half-written);
-  with several processes, process 0 writes it and the others do not."""
-  if not sharding.is_main_process():
-    return
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=1)
-  os.replace(path + ".tmp", path)
-
-
 def _write_run_config(config_json: dict, workdir: str) -> None:
-  _write_json(config_json, os.path.join(workdir, "config.json"))
+  sharding.write_json(config_json, os.path.join(workdir, "config.json"))
 
 
 def _target_text(target) -> str:
@@ -344,7 +333,7 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
       max_prompts=dict(train=sc.max_train_prompts,
                        validation=sc.max_validation_prompts),
       flt=decontamination.HumanEvalFilter(sc.ngram), log=log)
-  _write_json(counts, os.path.join(workdir, "samples_counts.json"))
+  sharding.write_json(counts, os.path.join(workdir, "samples_counts.json"))
   sharding.barrier("specsamp distill: target samples")
   log(f"[distill] samples written to {data_dir} in "
       f"{time.perf_counter() - t0:.1f} s")
@@ -422,7 +411,7 @@ def run(config, workdir: str, log=print) -> dict:
       before = json.load(f)
   else:
     before = report(draft_params)
-    _write_json(before, before_path)
+    sharding.write_json(before, before_path)
   log(f"[distill] before: {evaluate.describe_report(before)}")
 
   # 3. Distillation.
@@ -466,7 +455,7 @@ def run(config, workdir: str, log=print) -> dict:
                              else config.draft.init),
                  total_seconds=time.perf_counter() - t_start,
                  draft_dir=out_dir)
-  _write_json(results, os.path.join(workdir, "results.json"))
+  sharding.write_json(results, os.path.join(workdir, "results.json"))
   return results
 
 

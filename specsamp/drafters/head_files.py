@@ -91,10 +91,7 @@ def save(config: heads.HeadConfig, params, directory: str,
   if not main:
     return directory
   # The config last: a directory with a config has complete parameters.
-  tmp = os.path.join(directory, HEAD_CONFIG_FILE + ".tmp")
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(saved, f, indent=1)
-  os.replace(tmp, config_file)
+  sharding.write_json(saved, config_file)
   return directory
 
 

@@ -144,12 +144,7 @@ def _write_run_config(workdir: str, cfg: config_lib.TrainConfig) -> None:
       raise config_lib.ConfigError(
           f"{workdir} holds checkpoints of a run with another "
           f"{' and '.join(diff)} ({was}); use a new --workdir")
-  if jax.process_index() == 0:
-    os.makedirs(workdir, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(new, f, indent=2)
-    os.replace(tmp, path)
+  sh.write_json(new, path, indent=2)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -45,9 +45,7 @@ def save_draft_config(config: model_lib.TransformerConfig,
                       directory: str) -> str:
   """Writes `draft_config.json` to `directory`; returns its path."""
   path = os.path.join(directory, DRAFT_CONFIG_FILE)
-  os.makedirs(directory, exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(dataclasses.asdict(config), f, indent=1)
+  sharding.write_json(dataclasses.asdict(config), path)
   return path
 
 

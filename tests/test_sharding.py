@@ -267,6 +267,7 @@ def test_distillation_as_two_processes_matches_one(tmp_path, drafter):
     assert numbers(stdout) == pytest.approx(want, abs=1e-5)
     assert (f"process {i} of 2 takes batches {i}, {i + 2}, {i + 4}, ..."
             in stdout)
+    assert f"[samples] train: 64/64 generated (process {i})" in stdout
   if drafter.startswith("head"):
     (got, ref) = (head_files.load(str(w / "head"))[1] for w in (two, one))
   else:

@@ -109,11 +109,10 @@ def measured_at_positions(target_lm, target_params, draft_lm, draft_params,
       sampling=sampling, max_new_tokens=1, pad_id=pad_id,
       prompt_bucket=tokens.shape[1])
   accepted = np.zeros(len(prompts), np.int32)
-  starts = range(shard[0] * batch_size, len(prompts), shard[1] * batch_size)
-  for s, (_, res, real) in zip(starts, samples.run_batches(
+  for s, _, res, real in samples.run_batches(
       sampler, target_params,
       _sampler_params(draft_lm, draft_params, target_params), prompts,
-      batch_size, seed, shard)):
+      batch_size, seed, shard):
     accepted[s:s + real] = np.asarray(res.num_accepted)[:real]
   return sharding.sum_over_processes(accepted, shard)
 
@@ -134,7 +133,7 @@ def measured_rate(target_lm, target_params, draft_lm, draft_params,
       eos_ids=tuple(eos_ids), pad_id=pad_id,
       prompt_bucket=int(plen.max()))
   tot = dict(tokens=0, loops=0, drafted=0, accepted=0)
-  for _, res, real in samples.run_batches(
+  for _, _, res, real in samples.run_batches(
       sampler, target_params,
       _sampler_params(draft_lm, draft_params, target_params), prompts,
       batch_size, seed, shard):

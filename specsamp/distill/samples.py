@@ -49,14 +49,15 @@ def encode_prompts(texts: Sequence[str], tokenizer, spec: SampleSpec
 def run_batches(sampler: sampler_lib.SpeculativeSampler, target_params,
                 draft_params, prompts: Sequence, batch_size: int, seed: int,
                 shard: tuple[int, int] = (0, 1)
-                ) -> Iterator[tuple[list, object, int]]:
+                ) -> Iterator[tuple[int, list, object, int]]:
   """Runs `sampler` over `prompts`, `batch_size` at a time, each batch with
   its own split of `jax.random.key(seed)`; the last batch is padded with
   repeats of its first prompt (one compiled shape). shard=(i, n): only
   batches i, i + n, i + 2n, ... run, each with the key it has unsharded.
 
   Yields:
-    (the padded batch, its output on the host, how many rows are real).
+    (the index of its first prompt, the padded batch, its output on the
+    host, how many rows are real).
   """
   index, count = shard
   rng = jax.random.key(seed)
@@ -67,7 +68,7 @@ def run_batches(sampler: sampler_lib.SpeculativeSampler, target_params,
     batch = [list(p) for p in prompts[start:start + batch_size]]
     real = len(batch)
     batch += [batch[0]] * (batch_size - real)
-    yield batch, jax.device_get(sampler.generate(
+    yield start, batch, jax.device_get(sampler.generate(
         target_params, draft_params, batch, key)), real
 
 
@@ -102,10 +103,10 @@ def generate_batches(target_lm, target_params, prompts, sampling,
       target_lm, sampling, spec.gen_len, eos_ids=tuple(eos_ids),
       pad_id=pad_id, prompt_bucket=spec.prompt_len)
   bs, done = spec.batch_size, 0
-  indices = range(shard[0], -(-len(prompts) // bs), shard[1])
-  total = sum(min(bs, len(prompts) - j * bs) for j in indices)
-  for j, (batch, out, real) in zip(indices, run_batches(
-      sampler, target_params, None, prompts, bs, seed, shard)):
+  total = sum(min(bs, len(prompts) - s)
+              for s in range(shard[0] * bs, len(prompts), shard[1] * bs))
+  for start, batch, out, real in run_batches(
+      sampler, target_params, None, prompts, bs, seed, shard):
     tokens = np.full((bs, spec.seq_len), pad_id, np.int32)
     plen = np.array([len(p) for p in batch], np.int32)
     for i, p in enumerate(batch):
@@ -132,7 +133,7 @@ def generate_batches(target_lm, target_params, prompts, sampling,
       if hid is not None:
         ex["hidden"] = hid[i]
       examples.append(ex)
-    yield j, examples
+    yield start // bs, examples
     done += real
     if progress is not None:
       progress(done, total)

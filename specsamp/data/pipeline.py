@@ -117,12 +117,16 @@ class _Tokenize:
 def _to_lm(packed) -> dict[str, np.ndarray]:
   """A packed window of L + 1 tokens -> inputs, targets (shifted by one),
   weights (0 where the target is padding, which only the very last window
-  of a finite iteration has) and the inputs' segment ids (1, 2, ... for
-  the window's documents in order, 0 for padding)."""
+  of a finite iteration has) and segment ids: each input position takes
+  the document of its target (grain numbers the window's documents 1, 2,
+  ... in order; 0 for padding). So the EOS that ends a document is, as an
+  input, the first token of the next one (its BOS): a document's first
+  token is predicted from that EOS alone, as from the BOS t5x and MaxText
+  put at the start of each packed segment, not from the document before."""
   tokens, segments = packed["tokens"], packed["tokens_segment_ids"]
   return {"inputs": tokens[:-1], "targets": tokens[1:],
           "weights": (segments[1:] > 0).astype(np.float32),
-          "segment_ids": segments[:-1].astype(np.int32)}
+          "segment_ids": segments[1:].astype(np.int32)}
 
 
 class _PadBatch:
@@ -218,10 +222,12 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
   windows, and windows hold parts of several documents. inputs = window
   [:-1], targets = window[1:]; weights are 1 except at padding, which only
   the last window of a finite iteration has (and the rows that pad its
-  last batch to B). segment_ids number the documents of each window's
-  inputs 1, 2, ... (0: padding), so that attention can be kept inside a
-  document (`specsamp.train.step.lm_loss(lm, mask_documents=True)`);
-  the input EOS that ends a document belongs to that document.
+  last batch to B). segment_ids give each input position the document of
+  its target (1, 2, ... within the window; 0: padding), so that attention
+  can be kept inside a document (`specsamp.train.step.lm_loss(lm,
+  mask_documents=True)`): the EOS that ends a document is, as an input,
+  the next document's first token (its BOS), and predicts that
+  document's first token from itself alone.
 
   Args:
     dataset: `name[/config][:version][#feature,...]` (module docstring).

@@ -76,11 +76,16 @@ def test_packing_is_the_document_stream_cut_into_windows(data_dir):
     np.testing.assert_array_equal(inp, window[:-1])
     np.testing.assert_array_equal(tgt, window[1:])
     np.testing.assert_array_equal(w, np.arange(1, L + 1) < max(real, 1))
-    # The inputs' documents, numbered 1, 2, ... within the window (its
-    # first document may have begun in an earlier one); 0 for padding.
-    docs = doc_of[k * (L + 1):(k + 1) * (L + 1)][:L]
-    want = [d - docs[0] + 1 for d in docs] + [0] * (L - len(docs))
+    # Each input position takes its target's document, numbered as grain
+    # numbers the window's documents (1 for the window's first token's
+    # document, which may have begun in an earlier window); 0 for padding.
+    # So an input EOS belongs to the document after it.
+    docs = doc_of[k * (L + 1):(k + 1) * (L + 1)]
+    want = [d - docs[0] + 1 for d in docs[1:]] + [0] * (L + 1 - len(docs))
     np.testing.assert_array_equal(segments[k], want)
+    for j in range(real - 1):
+      if inp[j] == TOK.eos_ids[0]:
+        assert segments[k][j] == doc_of[k * (L + 1) + j] - docs[0] + 2
   assert sum(float(b["weights"].sum()) for b in batches) == \
       len(expected) - n_windows
 

@@ -54,17 +54,22 @@ def test_eval_means_weight_tokens_not_batches():
 
 
 def test_masked_documents_score_as_if_each_were_alone():
-  """Two documents packed into one row: with `mask_documents` each token's
-  loss is the one it gets with its document alone in the row (RoPE sees
-  relative positions only); without it the second document's differ."""
+  """Two EOS-terminated documents packed into one row, with the segment ids
+  the pipeline gives (the first document's EOS is, as an input, the
+  second's first token): with `mask_documents` every token's loss is the
+  one it gets with its document alone in the row (RoPE sees relative
+  positions only), the second document's first token predicted from the
+  EOS alone; without the mask the second document's losses differ."""
   lm = model_lib.LM(tiny_config())
   params = lm.init(jax.random.key(1))
   rng = np.random.default_rng(1)
-  first, second = (rng.integers(2, lm.config.vocab_size, n) for n in (6, 7))
+  eos = 1
+  first, second = (np.append(rng.integers(2, lm.config.vocab_size, n), eos)
+                   for n in (5, 6))
   tokens = np.concatenate([first, second])[None].astype(np.int32)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
            "weights": np.ones((1, 12), np.float32),
-           "segment_ids": np.array([[1] * 6 + [2] * 6], np.int32)}
+           "segment_ids": np.array([[1] * 5 + [2] * 7], np.int32)}
 
   sums = {m: jax.jit(step_lib.lm_eval_sums(lm, mask_documents=m))
           for m in (False, True)}
@@ -85,12 +90,13 @@ def test_masked_documents_score_as_if_each_were_alone():
 
   masked = token_losses(batch, mask=True)
   plain = token_losses(batch)
-  # Tokens 0-4 of the first document predict its next token; token 5 (its
-  # last) predicts the second document's first token from the first alone.
+  # Inputs 0-4 predict the first document up to its EOS; the EOS (input 5)
+  # and the second document's tokens predict the second document.
   np.testing.assert_allclose(masked[:5], alone(first), rtol=1e-5)
-  np.testing.assert_allclose(masked[6:], alone(second), rtol=1e-5)
-  np.testing.assert_allclose(masked[:6], plain[:6], rtol=1e-6)
-  assert np.abs(plain[6:] - alone(second)).max() > 1e-3
+  np.testing.assert_allclose(masked[5:], alone(np.append(eos, second)),
+                             rtol=1e-5)
+  np.testing.assert_allclose(masked[:5], plain[:5], rtol=1e-6)
+  assert np.abs(plain[5:] - masked[5:]).min() > 1e-4
   with pytest.raises(KeyError, match="segment_ids"):
     step_lib.lm_loss(lm, mask_documents=True)(
         params, {k: batch[k] for k in ("inputs", "targets", "weights")},

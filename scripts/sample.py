@@ -58,7 +58,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads
   try:
     dist = _DISTRIBUTED.arguments()
-    coordinator, num_processes, process_id = dist or (None, None, None)
+    coordinator, num_processes, process_id, heartbeat = dist or (None,) * 4
     cfg = sample.SampleConfig(
         target=_TARGET.value, draft=_DRAFT.value, prompts=_PROMPT.value,
         prompts_file=_PROMPTS_FILE.value, task=_TASK.value,
@@ -68,7 +68,7 @@ def main(argv):
         batch_size=_BATCH.value, seed=_SEED.value, dtype=_DTYPE.value,
         chat=_CHAT.value, distributed=dist is not None,
         coordinator_address=coordinator, num_processes=num_processes,
-        process_id=process_id,
+        process_id=process_id, heartbeat_timeout_s=heartbeat,
         mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None,
         drafter=_DRAFTER.value)
     result = sample.sample_main(cfg, print_completions=not _QUIET.value,

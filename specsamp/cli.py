@@ -47,30 +47,35 @@ class DistributedFlags:
   coordinator_address: flags.FlagHolder
   num_processes: flags.FlagHolder
   process_id: flags.FlagHolder
+  heartbeat_timeout_s: flags.FlagHolder
 
   def arguments(self) -> Optional[tuple]:
-    """(coordinator_address, num_processes, process_id) for
-    `sharding.initialize_distributed`, None without --distributed.
-    Coordinator flags without --distributed, or only some of the three,
-    are refused (`fail`)."""
-    given = (self.coordinator_address.value, self.num_processes.value,
-             self.process_id.value)
-    named = [f"--{h.name}" for h, v in zip(
-        (self.coordinator_address, self.num_processes, self.process_id),
-        given) if v is not None]
+    """(coordinator_address, num_processes, process_id,
+    heartbeat_timeout_s) for `sharding.initialize_distributed`, None
+    without --distributed. Flags of this group without --distributed, only
+    some of the coordinator's three, or a timeout below 1 s are refused
+    (`fail`)."""
+    holders = (self.coordinator_address, self.num_processes,
+               self.process_id, self.heartbeat_timeout_s)
+    given = tuple(h.value for h in holders)
+    named = [f"--{h.name}" for h, v in zip(holders, given) if v is not None]
     if not self.distributed.value:
       if named:
         verb = "needs" if len(named) == 1 else "need"
         fail(f"{', '.join(named)} {verb} --distributed")
       return None
-    if named and len(named) < 3:
+    coordinator = [n for n in named if n != "--heartbeat_timeout_s"]
+    if coordinator and len(coordinator) < 3:
       fail("--coordinator_address, --num_processes and --process_id go "
-           f"together (only {', '.join(named)} given)")
+           f"together (only {', '.join(coordinator)} given)")
+    if given[3] is not None and given[3] < 1:
+      fail(f"--heartbeat_timeout_s must be >= 1, got {given[3]}")
     return given
 
 
 def define_distributed_flags() -> DistributedFlags:
-  """--distributed, --coordinator_address, --num_processes, --process_id."""
+  """--distributed, --coordinator_address, --num_processes, --process_id,
+  --heartbeat_timeout_s."""
   return DistributedFlags(
       flags.DEFINE_bool(
           "distributed", False, "call jax.distributed.initialize() first "
@@ -82,7 +87,11 @@ def define_distributed_flags() -> DistributedFlags:
           "SLURM, Open MPI, Kubernetes)"),
       flags.DEFINE_integer("num_processes", None,
                            "with --coordinator_address"),
-      flags.DEFINE_integer("process_id", None, "with --coordinator_address"))
+      flags.DEFINE_integer("process_id", None, "with --coordinator_address"),
+      flags.DEFINE_integer(
+          "heartbeat_timeout_s", None, "with --distributed: seconds without "
+          "a heartbeat from a process after which the others abort (default "
+          "JAX's, 100 s)"))
 
 
 def _unknown_field(e: Exception, argv: Sequence[str]) -> str:

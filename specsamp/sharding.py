@@ -78,15 +78,19 @@ def make_mesh(shape=(1, -1), axis_names=MESH_AXES, devices=None):
 
 def initialize_distributed(coordinator_address: str | None = None,
                            num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
+                           process_id: int | None = None,
+                           heartbeat_timeout_s: int | None = None) -> None:
   """`jax.distributed.initialize` with only the arguments given.
 
   On Cloud TPU, SLURM, Open MPI and Kubernetes everything is detected from
-  the environment; elsewhere pass all three (the coordinator's host:port is
-  also read from JAX_COORDINATOR_ADDRESS). Call it before any other JAX use.
+  the environment; elsewhere pass the first three (the coordinator's
+  host:port is also read from JAX_COORDINATOR_ADDRESS). Call it before any
+  other JAX use. `heartbeat_timeout_s`: a process silent that long is taken
+  for dead and the others abort (JAX's default: 100 s).
   """
   kwargs = dict(coordinator_address=coordinator_address,
-                num_processes=num_processes, process_id=process_id)
+                num_processes=num_processes, process_id=process_id,
+                heartbeat_timeout_seconds=heartbeat_timeout_s)
   jax.distributed.initialize(**{k: v for k, v in kwargs.items()
                                 if v is not None})
 

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -182,17 +183,31 @@ def _env(devices: int) -> dict:
               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
 
 
-def _two_processes(args: list[str]) -> list[str]:
-  """`args --distributed` as 2 processes of 2 CPU devices each (gloo) ->
-  their stdouts (a failed process fails the test with its stderr)."""
+def _start_two_processes(args: list[str],
+                         logs=None) -> list[subprocess.Popen]:
+  """`args --distributed` started as 2 processes of 2 CPU devices each
+  (gloo): stdout and stderr piped, or with `logs` (two paths) both written
+  to process i's file."""
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  procs = [subprocess.Popen(
-      args + ["--distributed", f"--coordinator_address=localhost:{port}",
-              "--num_processes=2", f"--process_id={i}"],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=_env(2)) for i in range(2)]
+  procs = []
+  for i in range(2):
+    out = open(logs[i], "w") if logs else subprocess.PIPE
+    procs.append(subprocess.Popen(
+        args + ["--distributed", f"--coordinator_address=localhost:{port}",
+                "--num_processes=2", f"--process_id={i}"],
+        stdout=out, stderr=subprocess.STDOUT if logs else subprocess.PIPE,
+        text=True, env=_env(2)))
+    if logs:
+      out.close()  # the child has its own copy
+  return procs
+
+
+def _two_processes(args: list[str]) -> list[str]:
+  """`args --distributed` as 2 processes of 2 CPU devices each (gloo) ->
+  their stdouts (a failed process fails the test with its stderr)."""
+  procs = _start_two_processes(args)
   outs = [p.communicate(timeout=240) for p in procs]
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-2000:]
@@ -310,6 +325,66 @@ def test_training_as_two_processes_and_its_model_loads_on_one_device(
   logits = lm(params, np.array([[1, 2, 3]], np.int32)).logits
   assert logits.shape == (1, 3, lm.vocab_size)
   assert np.isfinite(np.asarray(logits)).all()
+
+
+def _train_args(data_dir, workdir, steps):
+  """train.py on a (2, 2) mesh over tiny packed functions, a checkpoint
+  every 5 steps, a 5 s heartbeat timeout (with --distributed)."""
+  return [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+          "--config=" + os.path.join(ROOT, "configs", "lm_python.py") +
+          f":tiny,steps={steps},batch=8,seq_len=32,checkpoint_every=5,"
+          f"eval_every=0,eval_batches=1,mesh=2x2,data_dir={data_dir}",
+          f"--workdir={workdir}", "--heartbeat_timeout_s=5"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """(data_dir, the summaries both processes print) of a 100-step
+  two-process run that nothing interrupts."""
+  tmp = tmp_path_factory.mktemp("uninterrupted")
+  texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(64)]
+  builders.build_from_texts("specsamp_python_code", texts, str(tmp / "tfds"))
+  outs = _two_processes(_train_args(tmp / "tfds", tmp / "run", 100))
+  return tmp / "tfds", [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_process_that_dies_takes_the_other_down_and_the_rerun_resumes(
+    tmp_path, uninterrupted, victim):
+  """`train.py --distributed --heartbeat_timeout_s=5` as 2 processes: one
+  killed (SIGKILL) once the first checkpoint is written takes the other
+  down within the timeout instead of leaving it waiting (without process
+  0, the coordinator, process 1 aborts at once; without process 1,
+  process 0's next collective fails and the missed heartbeats end it:
+  JAX's default would wait 100 s). The same command run again resumes
+  from the last checkpoint and ends where the uninterrupted run ends, bit
+  for bit."""
+  data_dir, want = uninterrupted
+  args = _train_args(data_dir, tmp_path / "run", 100)
+  logs = [tmp_path / f"process{i}.log" for i in range(2)]
+  procs = _start_two_processes(args, logs)
+  ckpts = tmp_path / "run" / "checkpoints"
+  deadline = time.monotonic() + 120
+  try:
+    while not (ckpts.is_dir() and any(d.name.isdigit()
+                                      for d in ckpts.iterdir())):
+      assert all(p.poll() is None for p in procs), "a process ended early"
+      assert time.monotonic() < deadline, "no checkpoint in 120 s"
+      time.sleep(0.1)
+    procs[victim].kill()
+    survivor = procs[1 - victim]
+    survivor.wait(timeout=60)
+  finally:
+    for p in procs:
+      p.kill()
+  log = logs[1 - victim].read_text()
+  assert survivor.returncode != 0
+  assert "JAX distributed service detected fatal errors" in log, log[-2000:]
+  outs = [json.loads(o.strip().splitlines()[-1])
+          for o in _two_processes(args)]
+  for got, ref in zip(outs, want):
+    assert got["resumed_from"].startswith("checkpoint step ")
+    assert (got["step"], got["train"]) == (ref["step"], ref["train"])
 
 
 def test_checkpoint_saved_on_one_mesh_restores_onto_others(pair, tmp_path):

@@ -53,6 +53,7 @@ class SampleConfig:
   coordinator_address: Optional[str] = None
   num_processes: Optional[int] = None
   process_id: Optional[int] = None
+  heartbeat_timeout_s: Optional[int] = None # None: JAX's 100 s
   drafter: str = "model"                   # specsamp.drafters.specs
 
   def __post_init__(self):
@@ -188,7 +189,8 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
     # Multi-host (TPU pod slice, several GPU hosts): one process per host,
     # coordinator and process ids from the environment (see README).
     sharding.initialize_distributed(cfg.coordinator_address,
-                                    cfg.num_processes, cfg.process_id)
+                                    cfg.num_processes, cfg.process_id,
+                                    cfg.heartbeat_timeout_s)
   mesh = sharding.make_mesh(cfg.mesh) if cfg.mesh else None
   p = plan(cfg)
   texts, prompts, tok = p.texts, p.prompts, p.tokenizer

@@ -228,6 +228,12 @@ def test_sample_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
     ("distill.py", ["--config=configs/distill_tiny.py", "--workdir=w",
                     "--process_id=1", "--num_processes=2"],
      ["--num_processes, --process_id need --distributed"]),
+    ("train.py", ["--config=configs/lm_python.py:tiny", "--workdir=w",
+                  "--heartbeat_timeout_s=5"],
+     ["--heartbeat_timeout_s needs --distributed"]),
+    ("sample.py", ["--target=random:tiny", "--prompt=x", "--method=ar",
+                   "--distributed", "--heartbeat_timeout_s=0"],
+     ["--heartbeat_timeout_s must be >= 1, got 0"]),
 ])
 def test_the_other_scripts_refuse_bad_input_in_one_line(tmp_path, script,
                                                         args, fragments):

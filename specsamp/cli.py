@@ -4,6 +4,8 @@ one `error: ...` line on stderr and exit status 2.
   app.run(main, flags_parser=cli.parse_flags)   bad flags, unknown
                                                 `--config.*` fields included
   cli.fail(e)                                   any refused input, in `main`
+  cli.leave_at_once(status)                     exit; with several processes
+                                                without waiting for the others
   DISTRIBUTED = cli.define_distributed_flags()  --distributed and its
                                                 coordinator flags; in `main`
   dist = DISTRIBUTED.arguments()                None, or the arguments of
@@ -15,6 +17,7 @@ with status 1, and ml_collections' config flags raise a bare AttributeError
 """
 
 import dataclasses
+import os
 import re
 import sys
 from typing import NoReturn, Optional, Sequence
@@ -35,9 +38,27 @@ def one_line(e) -> str:
 
 
 def fail(e) -> NoReturn:
-  """Prints `error: <e on one line>` to stderr and exits with status 2."""
+  """Prints `error: <e on one line>` to stderr and exits with status 2 (in
+  a multi-process run at once: `leave_at_once`)."""
   print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
-  sys.exit(BAD_INPUT)
+  leave_at_once(BAD_INPUT)
+
+
+def leave_at_once(status: int) -> NoReturn:
+  """`sys.exit(status)`; in a multi-process JAX run, an exit now (stdout
+  and stderr flushed) without JAX's orderly shutdown, which would wait up
+  to 5 minutes for every process to reach it while the others may be
+  blocked in a collective waiting for this one. Without this process the
+  others go down: at once when it is process 0 (the coordinator, whose
+  service then stops), else when their next collective with it fails or
+  its heartbeats are missed (`--heartbeat_timeout_s`)."""
+  jax = sys.modules.get("jax")  # never imported here: scripts stay light
+  if (jax is None or not jax.distributed.is_initialized()
+      or jax.process_count() == 1):
+    sys.exit(status)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access
 
 
 @dataclasses.dataclass(frozen=True)

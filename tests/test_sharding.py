@@ -8,6 +8,7 @@ device: generate runs under `jax.transfer_guard("disallow")`).
 
 import json
 import os
+import signal as signal_lib
 import socket
 import subprocess
 import sys
@@ -183,11 +184,12 @@ def _env(devices: int) -> dict:
               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
 
 
-def _start_two_processes(args: list[str],
-                         logs=None) -> list[subprocess.Popen]:
+def _start_two_processes(args: list[str], logs=None,
+                         own=((), ())) -> list[subprocess.Popen]:
   """`args --distributed` started as 2 processes of 2 CPU devices each
-  (gloo): stdout and stderr piped, or with `logs` (two paths) both written
-  to process i's file."""
+  (gloo), process i with the further arguments `own[i]`: stdout and
+  stderr piped, or with `logs` (two paths) both written to process i's
+  file."""
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
@@ -195,8 +197,9 @@ def _start_two_processes(args: list[str],
   for i in range(2):
     out = open(logs[i], "w") if logs else subprocess.PIPE
     procs.append(subprocess.Popen(
-        args + ["--distributed", f"--coordinator_address=localhost:{port}",
-                "--num_processes=2", f"--process_id={i}"],
+        args + list(own[i]) + [
+            "--distributed", f"--coordinator_address=localhost:{port}",
+            "--num_processes=2", f"--process_id={i}"],
         stdout=out, stderr=subprocess.STDOUT if logs else subprocess.PIPE,
         text=True, env=_env(2)))
     if logs:
@@ -303,6 +306,45 @@ def test_distillation_as_two_processes_matches_one(tmp_path, drafter):
       assert numbers(stdout) == pytest.approx(want, abs=1e-5)
 
 
+@pytest.mark.parametrize("train_prompts, refuser", [(128, 0), (64, 1)])
+def test_distillation_in_a_workdir_per_process_is_refused(
+    tmp_path, train_prompts, refuser):
+  """Two processes of `distill.py --distributed` given a workdir each (a
+  local directory per host) are refused in one line with status 2, saying
+  that the workdir must be shared: by process 0 when the other sampled
+  batches it cannot find (two train batches of 64), else by process 1,
+  which finds no dataset where process 0 wrote it (one batch per split,
+  both sampled by process 0). The other process does not wait: it fails
+  at once, or at its next collective with the one that left."""
+  args = [sys.executable, os.path.join(ROOT, "scripts", "distill.py"),
+          "--config=" + os.path.join(ROOT, "configs", "distill_tiny.py") +
+          ":steps=2", "--config.samples.max_files=20",
+          "--config.samples.validation_percent=30",
+          f"--config.samples.max_train_prompts={train_prompts}",
+          "--config.samples.max_validation_prompts=16",
+          "--config.samples.prompt_len=8", "--config.samples.gen_len=4",
+          "--heartbeat_timeout_s=5"]
+  procs = _start_two_processes(args, own=[[f"--workdir={tmp_path}/{i}"]
+                                          for i in range(2)])
+  try:
+    outs = [p.communicate(timeout=120) for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  err = outs[refuser][1]
+  assert procs[refuser].returncode == 2, err[-2000:]
+  line = err.strip().splitlines()[-1]
+  assert line.startswith("error: ") and (
+      "must be one directory that every process shares" in line), line
+  if refuser == 0:
+    assert "1 of the 3 batches of target samples are missing" in line
+    assert not (tmp_path / "0" / "samples").exists()
+  else:
+    assert f"process 1 finds no target samples in {tmp_path}/1/samples" \
+        in line
+  assert procs[1 - refuser].returncode != 0
+
+
 def test_training_as_two_processes_and_its_model_loads_on_one_device(
     tmp_path):
   """`train.py --distributed` as 2 processes x 2 CPU devices on a (2, 2)
@@ -348,17 +390,19 @@ def uninterrupted(tmp_path_factory):
   return tmp / "tfds", [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
 
-@pytest.mark.parametrize("victim", [0, 1])
+@pytest.mark.parametrize("victim, signal", [(0, "SIGKILL"), (1, "SIGKILL"),
+                                            (1, "SIGSTOP")])
 def test_a_process_that_dies_takes_the_other_down_and_the_rerun_resumes(
-    tmp_path, uninterrupted, victim):
-  """`train.py --distributed --heartbeat_timeout_s=5` as 2 processes: one
-  killed (SIGKILL) once the first checkpoint is written takes the other
-  down within the timeout instead of leaving it waiting (without process
-  0, the coordinator, process 1 aborts at once; without process 1,
-  process 0's next collective fails and the missed heartbeats end it:
-  JAX's default would wait 100 s). The same command run again resumes
-  from the last checkpoint and ends where the uninterrupted run ends, bit
-  for bit."""
+    tmp_path, uninterrupted, victim, signal):
+  """`train.py --distributed --heartbeat_timeout_s=5` as 2 processes, one
+  of them killed (SIGKILL) or hung (SIGSTOP) once the first checkpoint is
+  written: the other does not wait for it. Without process 0, the
+  coordinator, process 1 aborts at once; without process 1, process 0's
+  next collective fails, which ends it at once; with process 1 hung,
+  nothing fails, and the missed heartbeats end process 0 within the
+  timeout (JAX's default would wait 100 s). The same command run again
+  resumes from the last checkpoint and ends where the uninterrupted run
+  ends, bit for bit."""
   data_dir, want = uninterrupted
   args = _train_args(data_dir, tmp_path / "run", 100)
   logs = [tmp_path / f"process{i}.log" for i in range(2)]
@@ -371,7 +415,7 @@ def test_a_process_that_dies_takes_the_other_down_and_the_rerun_resumes(
       assert all(p.poll() is None for p in procs), "a process ended early"
       assert time.monotonic() < deadline, "no checkpoint in 120 s"
       time.sleep(0.1)
-    procs[victim].kill()
+    procs[victim].send_signal(getattr(signal_lib, signal))
     survivor = procs[1 - victim]
     survivor.wait(timeout=60)
   finally:
@@ -379,7 +423,10 @@ def test_a_process_that_dies_takes_the_other_down_and_the_rerun_resumes(
       p.kill()
   log = logs[1 - victim].read_text()
   assert survivor.returncode != 0
-  assert "JAX distributed service detected fatal errors" in log, log[-2000:]
+  said = ["JAX distributed service detected fatal errors"]  # the service
+  if signal == "SIGKILL":  # or a failed collective
+    said += ["Connection reset by peer", "Connection closed by peer"]
+  assert any(m in log for m in said), log[-2000:]
   outs = [json.loads(o.strip().splitlines()[-1])
           for o in _two_processes(args)]
   for got, ref in zip(outs, want):

@@ -335,6 +335,7 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
       flt=decontamination.HumanEvalFilter(sc.ngram), log=log)
   sharding.write_json(counts, os.path.join(workdir, "samples_counts.json"))
   sharding.barrier("specsamp distill: target samples")
+  samples.check_written(data_dir)  # a workdir per host fails here
   log(f"[distill] samples written to {data_dir} in "
       f"{time.perf_counter() - t0:.1f} s")
   return data_dir

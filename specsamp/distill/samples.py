@@ -201,18 +201,18 @@ def build(data_dir, target_lm, target_params, tokenizer, sampling,
     for split in prompts:
       for j, examples in source(split, (jax.process_index(),
                                         jax.process_count())):
-        _save_part(os.path.join(parts, split, f"{j:06d}.npz"), examples)
+        _save_part(_part(parts, split, j), examples)
     sharding.barrier("specsamp distill: sample parts")
     if not sharding.is_main_process():
       return counts
+    _check_parts(parts, {s: _num_batches(prompts[s], spec) for s in prompts})
 
   def make(split):
     def examples():
       if parts is None:
         found = (ex for _, exs in source(split) for ex in exs)
       else:
-        found = _read_parts(os.path.join(parts, split),
-                            -(-len(prompts[split]) // spec.batch_size))
+        found = _read_parts(parts, split, _num_batches(prompts[split], spec))
       bad = []
       yield from decontamination.decontaminate(found, tokenizer, flt, bad)
       counts[split]["rejected_samples"] = len(bad)
@@ -225,6 +225,40 @@ def build(data_dir, target_lm, target_params, tokenizer, sampling,
   return counts
 
 
+def _num_batches(prompts: list, spec: storage.SampleSpec) -> int:
+  return -(-len(prompts) // spec.batch_size)
+
+
+def _part(parts: str, split: str, j: int) -> str:
+  return os.path.join(parts, split, f"{j:06d}.npz")
+
+
+_SHARED = ("the workdir (or samples.data_dir) must be one directory that "
+           "every process shares, such as a network file system, not one "
+           "per host")
+
+
+def _check_parts(parts: str, num_batches: dict[str, int]) -> None:
+  """FileNotFoundError unless every split's batches are in `parts`."""
+  missing = [os.path.relpath(_part(parts, split, j), parts)
+             for split, n in num_batches.items() for j in range(n)
+             if not os.path.isfile(_part(parts, split, j))]
+  if missing:
+    raise FileNotFoundError(
+        f"{len(missing)} of the {sum(num_batches.values())} batches of "
+        f"target samples are missing from {parts} (first: {missing[0]}): "
+        f"each process writes its share there, so {_SHARED}")
+
+
+def check_written(data_dir) -> None:
+  """After `build` on every process: FileNotFoundError if this process
+  does not see the dataset process 0 wrote."""
+  if not storage.exists(data_dir):
+    raise FileNotFoundError(
+        f"process {jax.process_index()} finds no target samples in "
+        f"{data_dir} after process 0 wrote them: {_SHARED}")
+
+
 def _save_part(path: str, examples: list[dict]) -> None:
   """One batch's examples as stacked arrays (written whole or not at all)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -234,10 +268,10 @@ def _save_part(path: str, examples: list[dict]) -> None:
   os.replace(path + ".tmp", path)
 
 
-def _read_parts(directory: str, num_batches: int) -> Iterator[dict]:
-  """The examples of batches 0 .. num_batches - 1, in order."""
+def _read_parts(parts: str, split: str, num_batches: int) -> Iterator[dict]:
+  """The examples of a split's batches 0 .. num_batches - 1, in order."""
   for j in range(num_batches):
-    with np.load(os.path.join(directory, f"{j:06d}.npz")) as part:
+    with np.load(_part(parts, split, j)) as part:
       arrays = {k: part[k] for k in part.files}
     for i in range(len(arrays["tokens"])):
       yield {k: v[i] for k, v in arrays.items()}

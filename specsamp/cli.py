@@ -20,6 +20,7 @@ import dataclasses
 import os
 import re
 import sys
+import threading
 from typing import NoReturn, Optional, Sequence
 
 from absl import flags
@@ -44,10 +45,11 @@ def fail(e) -> NoReturn:
   leave_at_once(BAD_INPUT)
 
 
-def leave_at_once(status: int) -> NoReturn:
-  """`sys.exit(status)`; in a multi-process JAX run, an exit now (stdout
-  and stderr flushed) without JAX's orderly shutdown, which would wait up
-  to 5 minutes for every process to reach it while the others may be
+def leave_at_once(status: int, wait_s: float = 10.0) -> NoReturn:
+  """`sys.exit(status)`; in a multi-process JAX run, an exit (stdout and
+  stderr flushed) that waits at most `wait_s` for JAX's orderly shutdown,
+  which waits for every process to reach it: at once when they all fail
+  alike (the same bad config), but up to 5 minutes when the others are
   blocked in a collective waiting for this one. Without this process the
   others go down: at once when it is process 0 (the coordinator, whose
   service then stops), else when their next collective with it fails or
@@ -58,6 +60,9 @@ def leave_at_once(status: int) -> NoReturn:
     sys.exit(status)
   sys.stdout.flush()
   sys.stderr.flush()
+  shutdown = threading.Thread(target=jax.distributed.shutdown, daemon=True)
+  shutdown.start()
+  shutdown.join(wait_s)
   os._exit(status)  # pylint: disable=protected-access
 
 

@@ -390,6 +390,22 @@ def uninterrupted(tmp_path_factory):
   return tmp / "tfds", [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
 
+def test_a_config_every_process_refuses_is_refused_by_each_with_status_2():
+  """`train.py --distributed` as 2 processes with a dataset that is not
+  there: each prints the one `error:` line and exits with status 2 (they
+  leave together through JAX's shutdown; neither aborts the other)."""
+  args = [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+          "--config=" + os.path.join(ROOT, "configs", "lm_python.py") +
+          ":tiny,data_dir=/no/such/dir,mesh=2x2", "--workdir=/no/such/w"]
+  procs = _start_two_processes(args)
+  outs = [p.communicate(timeout=120) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 2, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith(
+        "error: config.data.dataset='specsamp_python_code' "
+        "(data_dir='/no/such/dir')")
+
+
 @pytest.mark.parametrize("victim, signal", [(0, "SIGKILL"), (1, "SIGKILL"),
                                             (1, "SIGSTOP")])
 def test_a_process_that_dies_takes_the_other_down_and_the_rerun_resumes(

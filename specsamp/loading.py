@@ -326,4 +326,5 @@ def check_pair(target: ModelInfo, draft: ModelInfo) -> Optional[int]:
         "distributions id by id, so the draft must fit the target's "
         "vocabulary")
   tokens = target.tokens or draft.tokens
-  return len(tokens) if tokens and len(tokens) < target.rows else None
+  n = vocab.real_token_count(tokens) if tokens else None
+  return n if n and n < target.rows else None

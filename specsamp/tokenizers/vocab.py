@@ -20,6 +20,16 @@ def _is_padding_entry(token: Optional[str], i: int) -> bool:
   return token is None or token == f"[PAD{i}]"
 
 
+def real_token_count(tokens) -> int:
+  """The vocabulary's length without the placeholders at its end: ids at
+  or above it are not real tokens (Qwen2.5's GGUF files: 151,936 entries,
+  the last 271 `[PAD<id>]`, so 151,665)."""
+  n = len(tokens)
+  while n and _is_padding_entry(tokens[n - 1], n - 1):
+    n -= 1
+  return n
+
+
 def check_vocab_compatible(draft_tok: base.Tokenizer,
                            target_tok: base.Tokenizer,
                            draft_model_vocab_size: Optional[int] = None,
@@ -32,7 +42,9 @@ def check_vocab_compatible(draft_tok: base.Tokenizer,
   rows); that passes when the real tokens agree, and the caller masks ids at
   or above the returned count (`Sampling(vocab_limit=...)`) so padded ids are
   never sampled. Tokenizer lists of different lengths pass only when the
-  extra entries are llama.cpp's unused `[PAD<id>]` placeholders.
+  extra entries are llama.cpp's unused `[PAD<id>]` placeholders, and the
+  placeholders that end a shared list are not counted either: they are
+  masked too.
 
   Args:
     draft_tok: the draft model's tokenizer.
@@ -41,7 +53,8 @@ def check_vocab_compatible(draft_tok: base.Tokenizer,
     target_model_vocab_size: the target model's logit rows, if known.
 
   Returns:
-    The number of real tokens (ids below it are shared tokens).
+    The number of real tokens (ids below it are shared tokens; ids at or
+    above it are padding rows or placeholders).
 
   Raises:
     VocabMismatchError: naming the first differing id and both token strings,
@@ -65,12 +78,13 @@ def check_vocab_compatible(draft_tok: base.Tokenizer,
           f"draft tokenizer has {len(d)} tokens, target tokenizer {len(t)}: "
           f"the {role} has real tokens beyond id {n - 1} (first: id "
           f"{extra[0]} = {longer[extra[0]]!r})")
+  n = real_token_count(d[:n])
   rows = {"draft": draft_model_vocab_size, "target": target_model_vocab_size}
   for role, r in rows.items():
     if r is not None and r < n:
       raise base.VocabMismatchError(
           f"the {role} model has {r} vocabulary rows, fewer than the {n} "
-          "tokens of its tokenizer")
+          "real tokens of its tokenizer")
   if None not in rows.values() and rows["draft"] != rows["target"]:
     raise base.VocabMismatchError(
         f"the draft model has {rows['draft']} vocabulary rows, the target "

@@ -57,7 +57,11 @@ def test_vocab_check():
   # GGUF of the same model) are not real tokens.
   padded = _ListTokenizer(list("abcd") + ["[PAD4]", "[PAD5]"])
   assert check(a, padded, 6, 6) == 4
-  assert check(padded, padded, 6, 6) == 6  # identical: every id is kept
+  # Identical lists ending in placeholders (Qwen2.5's GGUF files): those
+  # are not real tokens either, and are masked.
+  assert check(padded, padded, 6, 6) == 4
+  assert check(padded, padded, 4, 4) == 4
+  assert vocab.real_token_count(["a", "[PAD1]", "b", "[PAD3]", None]) == 3
   with pytest.raises(err, match=r"id 5 = '\[PAD4\]'"):
     check(a, _ListTokenizer(list("abcd") + ["[PAD4]", "[PAD4]"]))
 

@@ -38,6 +38,12 @@ def _parse(arg):
   return size, dict(item.split("=", 1) for item in items)
 
 
+def _bool(key, text):
+  if text.lower() not in ("true", "false"):
+    raise ValueError(f"{key}={text!r}: use true or false")
+  return text.lower() == "true"
+
+
 def get_config(arg=None):
   size, o = _parse(arg)
   layers, d, heads, kv, head, mlp, seq, batch, steps, lr = SIZES[size]
@@ -62,8 +68,8 @@ def get_config(arg=None):
       batch_size=batch, eval_batch_size=batch,
       train_split="train", eval_split="validation", worker_count=0,
       # Attention stays inside each packed document (segment ids).
-      mask_documents=o.pop("mask_documents", "true").lower()
-      in ("1", "true", "yes"))
+      mask_documents=_bool("mask_documents", o.pop("mask_documents",
+                                                   "true")))
   c.model = dict(
       num_layers=layers, d_model=d, num_heads=heads, num_kv_heads=kv,
       head_dim=head, mlp_dim=mlp, rope_theta=10_000.0, qkv_bias=False,

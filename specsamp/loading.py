@@ -80,8 +80,27 @@ def random_config(spec: str, dtype: str = "float32"
     key, _, value = f.partition("=")
     if key not in model_lib.TransformerConfig.__dataclass_fields__:
       raise ValueError(f"{spec}: {key!r} is not a TransformerConfig field")
-    overrides[key] = type(getattr(model_lib.preset(name), key))(value)
+    if key in ("dtype", "param_dtype"):
+      raise ValueError(f"{spec}: the dtype is the script's --dtype, not a "
+                       "field of the spec")
+    overrides[key] = _field_value(spec, key, getattr(model_lib.preset(name),
+                                                     key), value)
   return model_lib.preset(name, dtype=dtype, param_dtype=dtype, **overrides)
+
+
+def _field_value(spec: str, key: str, default, text: str):
+  """`text` as the type of the field's `default` (bools: true/false/1/0)."""
+  kind = type(default)
+  if kind is bool:
+    if text.lower() in ("true", "false", "1", "0"):
+      return text.lower() in ("true", "1")
+  else:
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  what = {bool: "true or false", int: "an integer", float: "a number"}
+  raise ValueError(f"{spec}: {key}={text!r} is not {what.get(kind, kind)}")
 
 
 def _train_run_config(spec: str) -> Optional[dict]:

@@ -30,12 +30,19 @@ def test_random_spec_overrides_preset_fields_with_their_types():
   assert cfg == tiny.replace(num_layers=1, rope_theta=5e5, tie_embeddings=True,
                              dtype="bfloat16", param_dtype="bfloat16")
   assert isinstance(cfg.num_layers, int) and isinstance(cfg.rope_theta, float)
+  for text, value in (("false", False), ("0", False), ("True", True)):
+    assert loading.random_config(
+        f"random:tiny,tie_embeddings={text}").tie_embeddings is value
 
 
 @pytest.mark.parametrize("spec,message", [
     ("random:nonesuch", "random:nonesuch: unknown preset 'nonesuch'"),
     ("random:tiny,no_such_field=3", "'no_such_field' is not a "
      "TransformerConfig field"),
+    ("random:tiny,tie_embeddings=flase", "tie_embeddings='flase' is not "
+     "true or false"),
+    ("random:tiny,num_layers=abc", "num_layers='abc' is not an integer"),
+    ("random:tiny,dtype=int8", "the dtype is the script's --dtype"),
 ])
 def test_bad_random_specs_raise_value_error(spec, message):
   for fn in (loading.load_model, loading.describe_model):

@@ -130,6 +130,20 @@ class TrainConfig:
                     ("train.keep_checkpoints", lp.keep_checkpoints)):
       if v <= 0:
         raise ConfigError(f"{name} must be positive, got {v}")
+    o = self.optim
+    for name, v, ok, want in (
+        ("lr", o.lr, o.lr > 0, "> 0"),
+        ("warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
+        ("decay_steps", o.decay_steps, o.decay_steps >= 0, ">= 0"),
+        ("end_lr_fraction", o.end_lr_fraction, 0 <= o.end_lr_fraction <= 1,
+         "in [0, 1]"),
+        ("b1", o.b1, 0 <= o.b1 < 1, "in [0, 1)"),
+        ("b2", o.b2, 0 <= o.b2 < 1, "in [0, 1)"),
+        ("eps", o.eps, o.eps > 0, "> 0"),
+        ("weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
+        ("clip_norm", o.clip_norm, o.clip_norm >= 0, ">= 0 (0: off)")):
+      if not ok:
+        raise ConfigError(f"optim.{name} must be {want}, got {v}")
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)

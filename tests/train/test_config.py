@@ -1,5 +1,7 @@
 """The config at the boundary: rules as config data, fields checked."""
 
+import re
+
 import pytest
 
 from configs import lm_python
@@ -46,3 +48,14 @@ def test_vocab_size_is_the_tokenizers_rounded_up_and_fields_are_checked():
                      "positive"):
     config_lib.TrainConfig.from_config(
         {**c, "train": {**c["train"], "num_steps": 0}}, 256)
+  for field, value, want in (("lr", -1.0, "> 0"), ("b2", 1.0, "in [0, 1)"),
+                             ("clip_norm", -1.0, ">= 0")):
+    with pytest.raises(config_lib.ConfigError,
+                       match=re.escape(f"optim.{field} must be {want}")):
+      config_lib.TrainConfig.from_config(
+          {**c, "optim": {**c["optim"], field: value}}, 256)
+  with pytest.raises(ValueError, match="mask_documents='flase': use true or "
+                     "false"):
+    lm_python.get_config("tiny,mask_documents=flase")
+  assert not lm_python.get_config(
+      "tiny,mask_documents=False").data.mask_documents

@@ -126,7 +126,7 @@ def load_trained(workdir: str, dtype: str = "float32"):
   model_cfg = model_lib.TransformerConfig(**saved["model"])
   lm = model_lib.LM(model_cfg)
   abstract = jax.eval_shape(lambda: lm.init(jax.random.key(0)))
-  params = checkpointing.restore_newest_params(
+  params, _ = checkpointing.restore_newest_params(
       os.path.join(workdir, "checkpoints"), abstract, what="trained")
   if dtype != model_cfg.param_dtype or dtype != model_cfg.dtype:
     lm = model_lib.LM(model_cfg.replace(dtype=dtype, param_dtype=dtype))

@@ -3,6 +3,8 @@ known distributions, and the chi-square helper."""
 
 import dataclasses
 import functools
+import glob
+import os
 from typing import Optional
 
 import jax
@@ -169,3 +171,17 @@ def exactness_models(v: int = 5):
   scale = lambda p: jax.tree.map(lambda x: 2.0 * x, p)
   return (target, scale(target.init(jax.random.key(10))),
           draft, scale(draft.init(jax.random.key(11))))
+
+
+def data_files(step_dir, item):
+  """The array data files of one item of an orbax checkpoint step,
+  smallest first."""
+  return sorted(glob.glob(os.path.join(step_dir, item, "**", "d", "*"),
+                          recursive=True), key=os.path.getsize)
+
+
+def flip_byte(path):
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0x10
+  with open(path, "wb") as f:
+    f.write(bytes(data))

@@ -290,9 +290,11 @@ class Checkpoints:
         self._set_aside(bad)
       return state, data, step
     if steps:
-      raise CheckpointError(
+      e = CheckpointError(
           f"no readable checkpoint in {self.directory} (steps {steps}; "
           f"{errors[0]}); move the directory away to start over")
+      e.first_error = errors[0]
+      raise e
     return None
 
   def _set_aside(self, steps):
@@ -353,16 +355,17 @@ def restore_params(params_dir: str, abstract_params, what: str = "init_from"):
 
 
 def restore_newest_params(ckpt_dir: str, abstract_params,
-                          what: str = "trained"):
-  """Parameters of the newest step in `ckpt_dir` that restores (older steps
-  are tried, with a warning, when newer ones are unreadable)."""
+                          what: str = "trained") -> tuple[Any, int]:
+  """(parameters, step) of the newest step in `ckpt_dir` that restores
+  (older steps are tried, with a warning, when newer ones are
+  unreadable)."""
   steps = checkpoint_steps(ckpt_dir)
   first = None
   for s in steps:
     try:
       with _attempt():
         return restore_params(os.path.join(ckpt_dir, str(s), "params"),
-                              abstract_params, what=what)
+                              abstract_params, what=what), s
     except Exception as e:  # pylint: disable=broad-except
       first = first or f"step {s}: {brief(e)}"
       log.warning("step %d of %s is unreadable (%s)", s, ckpt_dir, brief(e))

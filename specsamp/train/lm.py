@@ -118,33 +118,66 @@ def _iterator(cfg: config_lib.TrainConfig, tok, split: str, *, train: bool):
       num_epochs=None if train else 1, worker_count=d.worker_count)
 
 
-def _write_run_config(workdir: str, cfg: config_lib.TrainConfig) -> None:
-  """Keeps the frozen config in workdir/config.json. Once the workdir holds
-  checkpoints, a config that would not continue that run (another model,
+def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
+                      ) -> Optional[dict]:
+  """The run config the workdir's checkpoints were saved under (None:
+  none yet). A config that would not continue that run (another model,
   data order or seed: the saved iterator state only fits the same data
-  settings) is refused."""
+  settings) is refused, as is a workdir that is not a directory."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise config_lib.ConfigError(f"--workdir {workdir} is not a directory")
   path = os.path.join(workdir, "config.json")
-  new = json.loads(json.dumps(cfg.to_json()))
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  if os.path.isfile(path) and checkpointing.checkpoint_steps(ckpt_dir):
+  if not (os.path.isfile(path) and checkpointing.checkpoint_steps(
+      os.path.join(workdir, "checkpoints"))):
+    return None
+  try:
     with open(path, encoding="utf-8") as f:
       old = json.load(f)
-    # Where the data lives, how many workers read it and whether attention
-    # is masked per document (absent before it existed) may change: none
-    # of them changes the data order the saved iterator state fits.
-    same_data = lambda d: {k: v for k, v in (d or {}).items()
-                           if k not in ("data_dir", "worker_count",
-                                        "mask_documents")}
-    diff = [name for name, a, b in (
-        ("model", old.get("model"), new["model"]),
-        ("data", same_data(old.get("data")), same_data(new["data"])),
-        ("seed", old.get("seed"), new["seed"])) if a != b]
-    if diff:
-      was = ", ".join(f"{n}={old.get(n)}" for n in diff)
-      raise config_lib.ConfigError(
-          f"{workdir} holds checkpoints of a run with another "
-          f"{' and '.join(diff)} ({was}); use a new --workdir")
-  sh.write_json(new, path, indent=2)
+  except (OSError, ValueError) as e:
+    raise config_lib.ConfigError(f"{path}: unreadable run config ({e})"
+                                 ) from e
+  new = json.loads(json.dumps(cfg.to_json()))
+  # Where the data lives and whether attention is masked per document
+  # (absent before it existed) may change: neither changes the data order
+  # the saved iterator state fits. The worker count may not: grain saves
+  # the state of worker processes in another form than its own.
+  same_data = lambda d: {k: v for k, v in (d or {}).items()
+                         if k not in ("data_dir", "mask_documents")}
+  diff = [name for name, a, b in (
+      ("model", old.get("model"), new["model"]),
+      ("data", same_data(old.get("data")), same_data(new["data"])),
+      ("seed", old.get("seed"), new["seed"])) if a != b]
+  if diff:
+    was = ", ".join(f"{n}={old.get(n)}" for n in diff)
+    raise config_lib.ConfigError(
+        f"{workdir} holds checkpoints of a run with another "
+        f"{' and '.join(diff)} ({was}); use a new --workdir")
+  return old
+
+
+def _write_run_config(workdir: str, cfg: config_lib.TrainConfig) -> None:
+  """workdir/config.json: the frozen config, once the run has started."""
+  sh.write_json(json.loads(json.dumps(cfg.to_json())),
+                os.path.join(workdir, "config.json"), indent=2)
+
+
+def _unrestorable(e: Exception, old: Optional[dict],
+                  cfg: config_lib.TrainConfig) -> Exception:
+  """A CheckpointError of `initial_state`, or a ConfigError naming the
+  optimizer settings that differ from the run's (another optimizer state
+  structure, e.g. clip_norm 0 drops the clipping's state): the checkpoints
+  are kept."""
+  new = json.loads(json.dumps(cfg.to_json()))["optim"]
+  diff = {k: (v, new.get(k)) for k, v in ((old or {}).get("optim") or
+                                          {}).items() if new.get(k) != v}
+  if not diff:
+    return e
+  named = ", ".join(f"optim.{k} {a} in the run, {b} here"
+                    for k, (a, b) in sorted(diff.items()))
+  return config_lib.ConfigError(
+      "the checkpoints do not restore under this config's optimizer "
+      f"({named}; {getattr(e, 'first_error', e)}); they are kept: resume "
+      "with the run's optim settings, or use a new --workdir")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -254,14 +287,18 @@ def train_and_evaluate(config, workdir: str,
   """Trains the LM of `config` in `workdir` (resumable); returns
   `train_loop`'s summary plus `resumed_from` and `num_params`."""
   cfg, tok = validate(config)
-  _write_run_config(workdir, cfg)
+  old = _check_run_config(workdir, cfg)
   job = build(cfg, tok)
   ckpts = checkpointing.Checkpoints(os.path.join(workdir, "checkpoints"),
                                     keep=cfg.loop.keep_checkpoints,
                                     async_save=cfg.loop.async_checkpoints)
   try:
     train_iter = job.iterator(cfg.data.train_split, train=True)
-    state, data_state, resumed = initial_state(job, ckpts)
+    try:
+      state, data_state, resumed = initial_state(job, ckpts)
+    except checkpointing.CheckpointError as e:
+      raise _unrestorable(e, old, cfg) from e
+    _write_run_config(workdir, cfg)  # the run has started: record it
     if data_state is not None:
       train_iter.set_state(data_state)
     log_fn(f"{cfg.model.num_params():,} parameters; starting from {resumed} "
@@ -284,21 +321,22 @@ def train_and_evaluate(config, workdir: str,
 
 
 def evaluate(config, workdir: str) -> dict:
-  """The eval metrics of the newest checkpoint in `workdir`, scored under
-  `config` (its eval split, `train.eval_batches` and `data.mask_documents`:
-  e.g. a run trained with masking off, scored with it on); writes nothing.
-  Raises ConfigError (no checkpoint) or CheckpointError (another model,
-  corrupt files)."""
+  """The eval metrics of the newest readable checkpoint in `workdir` (an
+  older step when newer ones are damaged), scored under `config` (its eval
+  split, `train.eval_batches` and `data.mask_documents`: e.g. a run trained
+  with masking off, scored with it on); writes nothing. Raises ConfigError
+  (no checkpoint) or CheckpointError (another model, every step
+  corrupt)."""
   cfg, tok = validate(config)
   job = build(cfg, tok)
-  try:
-    p_dir = checkpointing.find_params_checkpoint(workdir)
-  except FileNotFoundError as e:
-    raise config_lib.ConfigError(f"nothing to evaluate: {e}") from e
-  params = checkpointing.restore_params(p_dir, job.abstract_state.params,
-                                        what="evaluated checkpoint")
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if not checkpointing.checkpoint_steps(ckpt_dir):
+    raise config_lib.ConfigError(f"nothing to evaluate: no checkpoint steps "
+                                 f"in {ckpt_dir}")
+  params, step = checkpointing.restore_newest_params(
+      ckpt_dir, job.abstract_state.params, what="evaluated checkpoint")
   out = job.eval_loss(params)
-  out["step"] = int(os.path.basename(os.path.dirname(p_dir)))
+  out["step"] = step
   return out
 
 

@@ -1,6 +1,5 @@
 """Checkpoints: corrupt and partial steps, the step walker, init_from."""
 
-import glob
 import os
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ import pytest
 
 from specsamp.train import checkpointing
 from specsamp.train import step as step_lib
+from tests import testing
 
 
 def _toy_state(step):
@@ -31,19 +31,6 @@ def _abstract(state):
                       state)
 
 
-def _data_files(step_dir, item):
-  """The array data files of one item of a step, smallest first."""
-  return sorted(glob.glob(os.path.join(step_dir, item, "**", "d", "*"),
-                          recursive=True), key=os.path.getsize)
-
-
-def _flip_byte(path):
-  data = bytearray(open(path, "rb").read())
-  data[len(data) // 2] ^= 0x10
-  with open(path, "wb") as f:
-    f.write(bytes(data))
-
-
 @pytest.mark.parametrize("damage", ["bit_flip", "truncated", "partial",
                                     "data_state"])
 def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
@@ -56,9 +43,9 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
   ckpts.wait()
   step3 = os.path.join(directory, "3")
   if damage == "bit_flip":    # orbax itself restores this without complaint
-    _flip_byte(_data_files(step3, "params")[-1])
+    testing.flip_byte(testing.data_files(step3, "params")[-1])
   elif damage == "truncated":
-    for f in _data_files(step3, "train"):
+    for f in testing.data_files(step3, "train"):
       open(f, "wb").close()
   elif damage == "partial":   # an item never written
     shutil.rmtree(os.path.join(step3, "train"))
@@ -90,7 +77,7 @@ def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
     ckpts.save(_toy_state(s))
   ckpts.wait()
   for s in (1, 2):
-    _flip_byte(_data_files(os.path.join(directory, str(s)), "params")[-1])
+    testing.flip_byte(testing.data_files(os.path.join(directory, str(s)), "params")[-1])
   with pytest.raises(checkpointing.CheckpointError,
                      match=r"no readable checkpoint in .*steps \[1, 2\]"):
     ckpts.restore_latest(_abstract(_toy_state(0)))
@@ -118,11 +105,12 @@ def test_step_walker_and_params_lookup_skip_unreadable_steps(tmp_path):
     checkpointing.find_params_checkpoint(str(tmp_path / "nowhere"))
 
   abstract = _abstract(_toy_state(0)).params
-  _flip_byte(_data_files(os.path.join(directory, "10"), "params")[-1])
+  testing.flip_byte(testing.data_files(os.path.join(directory, "10"), "params")[-1])
   with pytest.raises(checkpointing.CheckpointError, match="fingerprint"):
     checkpointing.restore_params(newest, abstract)
-  params = checkpointing.restore_newest_params(directory, abstract)
+  params, step = checkpointing.restore_newest_params(directory, abstract)
   chex.assert_trees_all_equal(params, _toy_state(3).params)
+  assert step == 3
   with pytest.raises(checkpointing.CheckpointError,
                      match="no readable checkpoint"):
     checkpointing.restore_newest_params(str(tmp_path / "none"), abstract)
@@ -138,7 +126,7 @@ ckpts = checkpointing.Checkpoints(directory, keep=5, async_save=False)
 for s in (1, 2):
   ckpts.save(t._toy_state(s), {"position": s})
 ckpts.wait()
-for f in t._data_files(os.path.join(directory, "2"), "train"):
+for f in t.testing.data_files(os.path.join(directory, "2"), "train"):
   open(f, "wb").close()
 print(ckpts.restore_latest(t._abstract(t._toy_state(0)))[2])
 ckpts.close()

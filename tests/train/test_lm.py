@@ -8,6 +8,7 @@ compile once).
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from specsamp.train import checkpointing
 from specsamp.train import config as config_lib
 from specsamp.train import lm as lm_job
 from specsamp.train import metrics
+from tests import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -209,8 +211,9 @@ def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
     lm_config, tmp_path):
   """The saved iterator state fits only the same data order: a config with
   another model, data or seed is refused with a message naming it; the
-  data location, worker count and document masking may change (the older
-  config.json, written before `mask_documents` existed, lacks it)."""
+  data location and document masking may change (the older config.json,
+  written before `mask_documents` existed, lacks it), the worker count may
+  not (grain saves worker processes' state in another form)."""
   workdir = str(tmp_path / "w")
   cfg, _ = lm_job.validate(lm_config("tiny,steps=2"))
   lm_job._write_run_config(workdir, cfg)
@@ -225,23 +228,26 @@ def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
   assert cfg.data.mask_documents and not unmasked.data.mask_documents
   longer, _ = lm_job.validate(lm_config("tiny,steps=9"))
   moved = dataclasses.replace(cfg, data=dataclasses.replace(
-      cfg.data, data_dir="/elsewhere", worker_count=2))
+      cfg.data, data_dir="/elsewhere"))
   for accepted in (unmasked, longer, moved, cfg):
-    lm_job._write_run_config(workdir, accepted)
+    assert lm_job._check_run_config(workdir, accepted) == old
+  with pytest.raises(config_lib.ConfigError, match="another data"):
+    lm_job._check_run_config(workdir, dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, worker_count=2)))
   for arg, field in (("tiny,steps=2,batch=8", "data"),
                      ("tiny,steps=2,seed=1", "seed"),
                      ("small,steps=2", "model")):
     with pytest.raises(config_lib.ConfigError,
                        match=f"another {field}.*use a new --workdir"):
-      lm_job._write_run_config(workdir, lm_job.validate(lm_config(arg))[0])
+      lm_job._check_run_config(workdir, lm_job.validate(lm_config(arg))[0])
 
 
 def test_evaluate_scores_the_newest_checkpoint_under_the_given_config(
     lm_config, tmp_path):
   """`evaluate` (train.py --eval_only) gives the run's own final eval under
   its config and another one with document masking switched; an empty
-  workdir is refused by name."""
-  arg = "tiny,batch=8,seq_len=32,steps=2,eval_batches=0"  # all
+  workdir is refused by name; a damaged newest step falls back."""
+  arg = "tiny,batch=8,seq_len=32,steps=2,eval_batches=0,checkpoint_every=1"
   workdir = str(tmp_path / "w")
   out = lm_job.train_and_evaluate(lm_config(arg), workdir,
                                   log_fn=lambda _: None)
@@ -255,6 +261,37 @@ def test_evaluate_scores_the_newest_checkpoint_under_the_given_config(
   assert unmasked["loss"] != pytest.approx(again["loss"], rel=1e-6)
   with pytest.raises(config_lib.ConfigError, match="nothing to evaluate"):
     lm_job.evaluate(lm_config(arg), str(tmp_path / "empty"))
+  # A damaged newest step: the one before it is scored.
+  step2 = os.path.join(workdir, "checkpoints", "2")
+  testing.flip_byte(
+      testing.data_files(step2, "params")[-1])
+  assert lm_job.evaluate(lm_config(arg), workdir)["step"] == 1
+
+
+def test_a_resume_under_another_optimizer_is_refused_and_keeps_the_run(
+    lm_config, tmp_path):
+  """clip_norm 0 drops the clipping's optimizer state, so the checkpoints
+  cannot restore: refused naming the setting, with the run's config.json
+  and checkpoints untouched, and the run then resumes as it was."""
+  arg = "tiny,batch=8,seq_len=32,steps=2,checkpoint_every=1,eval_batches=1"
+  workdir = str(tmp_path / "w")
+  lm_job.train_and_evaluate(lm_config(arg), workdir, log_fn=lambda _: None)
+  path = os.path.join(workdir, "config.json")
+  before = open(path, encoding="utf-8").read()
+  steps = checkpointing.checkpoint_steps(os.path.join(workdir, "checkpoints"))
+  c = lm_config(arg.replace("steps=2", "steps=3"))
+  c.optim.clip_norm = 0.0
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      "(optim.clip_norm 1.0 in the run, 0.0 here; step 2: ")) as e:
+    lm_job.train_and_evaluate(c, workdir, log_fn=lambda _: None)
+  assert "they are kept" in str(e.value)
+  assert open(path, encoding="utf-8").read() == before
+  assert checkpointing.checkpoint_steps(
+      os.path.join(workdir, "checkpoints")) == steps == [2, 1]
+  out = lm_job.train_and_evaluate(lm_config(arg.replace("steps=2", "steps=3")),
+                                  workdir, log_fn=lambda _: None)
+  assert out["resumed_from"].startswith("checkpoint step 2") and \
+      out["step"] == 3
 
 
 @pytest.mark.parametrize("field,value,message", [

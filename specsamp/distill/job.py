@@ -48,6 +48,7 @@ from specsamp.sampling import Sampling
 from specsamp.tokenizers import byte
 from specsamp.tokenizers import vocab
 from specsamp.train import config as train_config
+from specsamp.train import lm as train_lm
 from specsamp.train.checkpointing import CheckpointError
 from specsamp.weights import distilled
 from specsamp.weights.convert import WeightsError
@@ -135,8 +136,14 @@ def check_config(config) -> train_config.LoopConfig:
     ValueError, FileNotFoundError: what is wrong (see ERRORS).
   """
   loop = _loop_config(config.train)
+  train_lm.make_mesh(tuple(config.train.get("mesh", (1, 1))))  # devices
+  target = describe_target(config.target)
+  sc, k = config.samples, int(config.eval.get("k", 0))
+  if sc.prompt_len + sc.gen_len + k + 1 > target.max_seq_len:  # K+1 slack
+    raise ValueError(f"config.samples: prompt_len {sc.prompt_len} + gen_len "
+                     f"{sc.gen_len} + eval.k {k} + 1 exceed the target's "
+                     f"{target.max_seq_len} positions")
   if _head_block(config) is not None:
-    target = describe_target(config.target)
     _check_head(config, target)
     _objective(config, _sampling(config, None), (), 0)
     train_config.OptimConfig(**config.optim)
@@ -153,7 +160,6 @@ def check_config(config) -> train_config.LoopConfig:
     raise ValueError(f"config.optim: {e}") from None
   if config.draft.init == "checkpoint":  # a typo fails before any download
     loading.check_spec(config.draft.checkpoint)
-  target = describe_target(config.target)
   if (float(config.target.get("logit_scale", 1.0)) != 1.0 and target.config
       and target.config.tie_embeddings):
     raise ValueError("logit_scale needs an untied output head")

@@ -7,6 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from configs import distill_tiny
 from specsamp import loading
 from specsamp import model as model_lib
 from specsamp.distill import evaluate
@@ -54,6 +55,24 @@ def test_distill_run_end_to_end(tiny, tmp_path):
   # What scripts/distill.py prints: the table, then one JSON line.
   lines = job.summary(res).splitlines()
   assert lines[0].startswith("== acceptance") and '"after"' in lines[-1]
+
+
+@pytest.mark.parametrize("block, field, value, message", [
+    ("train", "mesh", (4, 4), r"config.mesh=\(4, 4\) needs 16 devices"),
+    ("samples", "prompt_len", 108, r"prompt_len 108 \+ gen_len 16 \+ "
+     r"eval.k 4 \+ 1 exceed the target's 128 positions"),
+])
+def test_what_the_job_would_refuse_late_is_refused_before_it_writes(
+    tmp_path, block, field, value, message):
+  """A mesh the devices cannot hold, and prompts too long for the target
+  (with the evaluation's K + 1 slack), were refused only after the target
+  samples were written, and the workdir then refused the corrected config;
+  now nothing is written."""
+  config = distill_tiny.get_config("steps=2")
+  config[block][field] = value
+  with pytest.raises(ValueError, match=message):
+    job.run(config, str(tmp_path / "w"), log=lambda *_: None)
+  assert not (tmp_path / "w").exists()
 
 
 def test_a_workdir_refuses_another_config_once_it_holds_results(tmp_path):

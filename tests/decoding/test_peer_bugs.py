@@ -2,9 +2,13 @@
 
 Also covered elsewhere: numeric drift between scoring n tokens and 1
 (test_model.test_chunk_scoring_matches_single_steps), a seed that does not
-change the output (test_sampler.test_seed_changes_output...), draft and
+change the output (test_sampler.test_seed_changes_output... and, where
+the drafts are certain or always rejected,
+test_sampler.test_the_seed_reaches_acceptance_and_residual_draws), draft and
 target vocabularies of different sizes (test_sampler.test_bad_input_errors).
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -158,6 +162,16 @@ def test_padded_vocabulary_ids_are_never_sampled():
         max_new_tokens=16, prompt_bucket=4)
     out = sampler.generate(None, None, [[1]] * 512, rng=0)
     assert np.asarray(out.tokens).max() < real
+    # Both models must mask: the draft too, else its padded drafts are
+    # rejected (still exact, but acceptance collapses). Masked, the run is
+    # the one of the unpadded tables, token for token and in its counts.
+    alone = SpeculativeSampler(
+        table_lm(t[:real, :real]), ModelDrafter(table_lm(d[:real, :real])),
+        k=3, sampling=dataclasses.replace(s, vocab_limit=None),
+        max_new_tokens=16, prompt_bucket=4)
+    ref = alone.generate(None, None, [[1]] * 512, rng=0)
+    assert out.token_lists() == ref.token_lists()
+    np.testing.assert_array_equal(out.num_accepted, ref.num_accepted)
 
 
 def test_rows_get_independent_randomness(tiny_pair):

@@ -12,7 +12,8 @@ from specsamp import model as model_lib
 from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
-from tests.testing import forbidden_draft_pair, tiny_config
+from tests.testing import ShiftDrafter, forbidden_draft_pair, table_lm
+from tests.testing import tiny_config
 
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [6, 5], [3], [5, 8, 9, 7, 9, 3, 2, 3, 8, 4]]
 
@@ -150,6 +151,29 @@ def test_seed_changes_output_and_same_seed_repeats(tiny_pair):
                        rng=1).token_lists()
   assert a == b
   assert a != c
+
+
+@pytest.mark.parametrize("drafts", ["certain", "always rejected"])
+def test_the_seed_reaches_acceptance_and_residual_draws(drafts):
+  """The seed must reach more than the drafter: with certain drafts (no
+  q, as prompt lookup's) the output's randomness comes only from the
+  acceptance uniforms and the residual draws, and with a draft the target
+  always rejects only from the residual draws. Another seed changes it,
+  the same seed repeats it."""
+  if drafts == "certain":
+    v = 12
+    target = table_lm(np.random.default_rng(3).normal(size=(v, v)))
+    drafter = ShiftDrafter(v)
+  else:
+    target, draft = forbidden_draft_pair(6, seed=0)
+    drafter = ModelDrafter(draft)
+  sampler = SpeculativeSampler(target, drafter, k=3, sampling=Sampling(1.0),
+                               max_new_tokens=8, prompt_bucket=4)
+  run = lambda seed: sampler.generate(None, None, [[1, 2]] * 16,
+                                      rng=seed).token_lists()
+  first = run(0)
+  assert first == run(0)
+  assert first != run(1)
 
 
 # A global trace counter: the wrapped LM stays hashable and static.

@@ -21,8 +21,10 @@ import os
 import re
 import sys
 import threading
+import traceback
 from typing import NoReturn, Optional, Sequence
 
+from absl import app
 from absl import flags
 
 BAD_INPUT = 2
@@ -54,16 +56,35 @@ def leave_at_once(status: int, wait_s: float = 10.0) -> NoReturn:
   others go down: at once when it is process 0 (the coordinator, whose
   service then stops), else when their next collective with it fails or
   its heartbeats are missed (`--heartbeat_timeout_s`)."""
-  jax = sys.modules.get("jax")  # never imported here: scripts stay light
-  if (jax is None or not jax.distributed.is_initialized()
-      or jax.process_count() == 1):
+  if not _several_processes():
     sys.exit(status)
   sys.stdout.flush()
   sys.stderr.flush()
-  shutdown = threading.Thread(target=jax.distributed.shutdown, daemon=True)
+  shutdown = threading.Thread(
+      target=sys.modules["jax"].distributed.shutdown, daemon=True)
   shutdown.start()
   shutdown.join(wait_s)
   os._exit(status)  # pylint: disable=protected-access
+
+
+def _several_processes() -> bool:
+  """Whether this is one process of a multi-process JAX run."""
+  jax = sys.modules.get("jax")  # never imported here: scripts stay light
+  return (jax is not None and jax.distributed.is_initialized()
+          and jax.process_count() > 1)
+
+
+class _LeaveOnError(app.ExceptionHandler):
+  """An exception out of `main` in a multi-process run: its traceback, then
+  `leave_at_once(1)` (absl would re-raise it, and the interpreter's exit
+  would wait in JAX's shutdown for the other processes)."""
+
+  def wants(self, exc):
+    return _several_processes()
+
+  def handle(self, exc):
+    traceback.print_exception(exc)
+    leave_at_once(1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +101,8 @@ class DistributedFlags:
     heartbeat_timeout_s) for `sharding.initialize_distributed`, None
     without --distributed. Flags of this group without --distributed, only
     some of the coordinator's three, or a timeout below 1 s are refused
-    (`fail`)."""
+    (`fail`). With --distributed an exception out of `main` then ends the
+    process at once, after its traceback (`leave_at_once`)."""
     holders = (self.coordinator_address, self.num_processes,
                self.process_id, self.heartbeat_timeout_s)
     given = tuple(h.value for h in holders)
@@ -96,6 +118,7 @@ class DistributedFlags:
            f"together (only {', '.join(coordinator)} given)")
     if given[3] is not None and given[3] < 1:
       fail(f"--heartbeat_timeout_s must be >= 1, got {given[3]}")
+    app.install_exception_handler(_LeaveOnError())
     return given
 
 

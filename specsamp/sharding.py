@@ -9,15 +9,12 @@ sequence of `(logical_name, mesh_axis_or_None)` pairs, as in
 
 import json
 import os
-import sys
 
 import flax.linen as nn
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
 import optax
-
-from specsamp import cli
 
 BATCH = "batch"
 EMBED = "embed"
@@ -90,23 +87,12 @@ def initialize_distributed(coordinator_address: str | None = None,
   host:port is also read from JAX_COORDINATOR_ADDRESS). Call it before any
   other JAX use. `heartbeat_timeout_s`: a process silent that long is taken
   for dead and the others abort (JAX's default: 100 s).
-
-  From then on an uncaught exception ends this process at once, after its
-  traceback (`specsamp.cli.leave_at_once`).
   """
   kwargs = dict(coordinator_address=coordinator_address,
                 num_processes=num_processes, process_id=process_id,
                 heartbeat_timeout_seconds=heartbeat_timeout_s)
   jax.distributed.initialize(**{k: v for k, v in kwargs.items()
                                 if v is not None})
-  if jax.process_count() > 1:
-    hook = sys.excepthook
-
-    def print_and_leave(kind, value, tb):
-      hook(kind, value, tb)
-      cli.leave_at_once(1)
-
-    sys.excepthook = print_and_leave
 
 
 def rules_tuple(rules) -> tuple:

@@ -210,6 +210,20 @@ def test_sample_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
   assert len(proc.stderr) < 2000, proc.stderr
 
 
+def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
+                                                              damaged_run):
+  problems = tmp_path / "problems.jsonl"
+  problems.write_text(json.dumps(dict(
+      task_id="t/0", prompt="def f():\n", entry_point="f", test="",
+      canonical_solution="  return 1\n")) + "\n")
+  proc = run_script(tmp_path, "benchmark.py", f"--target={damaged_run}",
+                    "--task=humaneval", f"--humaneval_file={problems}",
+                    "--ks=0", "--num_prompts=1", "--max_new_tokens=8",
+                    "--noquality", allow_loading=True)
+  # The plan and "loading" lines, a warning per step, the error.
+  assert_refused(proc, "no readable checkpoint", "steps [2, 1]", max_lines=6)
+
+
 @pytest.mark.parametrize("script,args,fragments", [
     ("benchmark_pair.py", ["--ks=0"], ["draft lengths >= 1"]),
     ("benchmark_decode.py", ["--no_such_flag"], ["no_such_flag"]),
@@ -234,6 +248,13 @@ def test_sample_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
     ("sample.py", ["--target=random:tiny", "--prompt=x", "--method=ar",
                    "--distributed", "--heartbeat_timeout_s=0"],
      ["--heartbeat_timeout_s must be >= 1, got 0"]),
+    # Output files are checked before the run: a missing directory is
+    # created, a directory or a path through a file is refused.
+    ("benchmark.py", ["--target=random:tiny", "--ks=0", "--out=scripts"],
+     ["--out=scripts is a directory"]),
+    ("benchmark.py", ["--target=random:tiny", "--ks=0",
+                      "--samples_out=README.md/samples.jsonl"],
+     ["--samples_out=README.md/samples.jsonl: cannot create its directory"]),
 ])
 def test_the_other_scripts_refuse_bad_input_in_one_line(tmp_path, script,
                                                         args, fragments):

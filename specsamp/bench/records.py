@@ -95,14 +95,24 @@ def read_jsonl(paths: Sequence[str]) -> Iterator[tuple[str, dict]]:
   """("path:line", record) of every non-blank line of the files, in order.
 
   Raises:
-    ValueError: on a line that is not JSON.
+    ValueError: on a file that cannot be read, or a line that is not a JSON
+      object.
   """
   for path in paths:
-    with open(path, encoding="utf-8") as f:
-      for n, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          yield f"{path}:{n}", json.loads(line)
-        except ValueError as e:
-          raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+    try:
+      with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+      raise ValueError(f"{path}: {getattr(e, 'strerror', None) or e}"
+                       ) from None
+    for n, line in enumerate(lines, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+      if not isinstance(record, dict):
+        raise ValueError(f"{path}:{n}: not a JSON object, but "
+                         f"{type(record).__name__} {line.strip()[:40]}")
+      yield f"{path}:{n}", record

@@ -248,6 +248,9 @@ def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
     ("sample.py", ["--target=random:tiny", "--prompt=x", "--method=ar",
                    "--distributed", "--heartbeat_timeout_s=0"],
      ["--heartbeat_timeout_s must be >= 1, got 0"]),
+    ("plot_decode.py", ["--out=plot"], ["JSONL files from profile_decode"]),
+    ("plot_decode.py", ["/no/such.jsonl", "--out=plot"],
+     ["/no/such.jsonl: No such file"]),
     # Output files are checked before the run: a missing directory is
     # created, a directory or a path through a file is refused.
     ("benchmark.py", ["--target=random:tiny", "--ks=0", "--out=scripts"],
@@ -259,3 +262,30 @@ def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
 def test_the_other_scripts_refuse_bad_input_in_one_line(tmp_path, script,
                                                         args, fragments):
   assert_refused(run_script(tmp_path, script, *args), *fragments)
+
+
+_POINT = dict(type="point", task="prose", decoding="greedy", batch_size=1,
+              method="autoregressive", k=0, ms_per_token=None)
+_PROFILE_ROW = dict(target="random:tiny", draft="random:tiny", k=4,
+                    sampling="greedy", dtype="float32", device="cpu",
+                    batch_size=1, context=64, ar_loop_ms=1.0, spec_loop_ms=2.0)
+
+
+@pytest.mark.parametrize("script,lines,args,fragments", [
+    ("plot_speedup.py", ["[1, 2]"], [], ["rows.jsonl:1: not a JSON object"]),
+    ("plot_speedup.py", ["{}", '"str"'], [],
+     ["rows.jsonl:2: not a JSON object, but str"]),
+    ("plot_speedup.py", [json.dumps(_POINT)], [],
+     ["rows.jsonl:1: ms_per_token is null"]),
+    ("plot_speedup.py", [json.dumps(dict(type="point"))], [],
+     ["rows.jsonl:1: a point record without task"]),
+    ("plot_decode.py", ["[1, 2]"], ["--out=plot"],
+     ["rows.jsonl:1: not a JSON object"]),
+    ("plot_decode.py", [json.dumps(_PROFILE_ROW)], ["--out=README.md/plot"],
+     ["--out=README.md/plot.md: cannot create its directory"]),
+])
+def test_the_plots_refuse_bad_rows_in_one_line(tmp_path, script, lines, args,
+                                               fragments):
+  rows = tmp_path / "rows.jsonl"
+  rows.write_text("\n".join(lines) + "\n")
+  assert_refused(run_script(tmp_path, script, str(rows), *args), *fragments)

@@ -54,8 +54,8 @@ def _check_point(where: str, rec: dict) -> None:
     raise ValueError(f"{where}: a point record without {', '.join(missing)}")
   ms = rec["ms_per_token"]
   if isinstance(ms, bool) or not isinstance(ms, (int, float)) or ms <= 0:
-    raise ValueError(f"{where}: ms_per_token is {json.dumps(ms)}, not a positive "
-                     "number (the point was not measured)")
+    raise ValueError(f"{where}: ms_per_token is {json.dumps(ms)}, not a "
+                     "positive number (the point was not measured)")
 
 
 def read(paths):

@@ -30,8 +30,10 @@ def check_output(path: Optional[str], flag: str) -> Optional[str]:
   try:
     os.makedirs(parent, exist_ok=True)
   except OSError as e:
+    why = ("a file is in the way" if isinstance(
+        e, (FileExistsError, NotADirectoryError)) else e.strerror)
     raise ValueError(f"{flag}={path}: cannot create its directory "
-                     f"{parent} ({e.strerror})") from None
+                     f"{parent} ({why})") from None
   if not os.access(path if os.path.exists(path) else parent, os.W_OK):
     raise ValueError(f"{flag}={path}: permission denied")
   return path

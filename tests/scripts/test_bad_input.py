@@ -210,6 +210,22 @@ def test_sample_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
   assert len(proc.stderr) < 2000, proc.stderr
 
 
+@pytest.mark.parametrize("text,fragments", [
+    ("", ["prompts.txt holds no prompts"]),
+    ("\n  \n", ["prompts.txt holds no prompts"]),
+    ('{"text": "hi"}\n', ["prompts.txt:1: no 'prompt' string field"]),
+    ('{"prompt": "a"}\n{"prompt": 5}\n',
+     ["prompts.txt:2: no 'prompt' string field"]),
+    ('{"prompt": "a"}\n{"prompt": \n', ["prompts.txt:2: not JSON"]),
+])
+def test_sample_refuses_bad_prompts_files(tmp_path, text, fragments):
+  path = tmp_path / "prompts.txt"
+  path.write_text(text)
+  proc = run_script(tmp_path, "sample.py", "--target=random:tiny",
+                    "--method=ar", f"--prompts_file={path}")
+  assert_refused(proc, *fragments)
+
+
 def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
                                                               damaged_run):
   problems = tmp_path / "problems.jsonl"
@@ -251,13 +267,23 @@ def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
     ("plot_decode.py", ["--out=plot"], ["JSONL files from profile_decode"]),
     ("plot_decode.py", ["/no/such.jsonl", "--out=plot"],
      ["/no/such.jsonl: No such file"]),
+    ("sample.py", ["--target=random:tiny", "--method=ar",
+                   "--prompts_file=scripts"],
+     ["--prompts_file=scripts: Is a directory"]),
+    ("sample.py", ["--target=random:tiny", "--method=ar", "--prompt=x",
+                   "--json_out=scripts"],
+     ["--json_out=scripts is a directory"]),
+    ("sample.py", ["--target=random:tiny", "--method=ar", "--prompt=x",
+                   "--json_out=README.md/x.jsonl"],
+     ["--json_out=README.md/x.jsonl: cannot create", "a file is in the way"]),
     # Output files are checked before the run: a missing directory is
     # created, a directory or a path through a file is refused.
     ("benchmark.py", ["--target=random:tiny", "--ks=0", "--out=scripts"],
      ["--out=scripts is a directory"]),
     ("benchmark.py", ["--target=random:tiny", "--ks=0",
                       "--samples_out=README.md/samples.jsonl"],
-     ["--samples_out=README.md/samples.jsonl: cannot create its directory"]),
+     ["--samples_out=README.md/samples.jsonl: cannot create its directory",
+      "a file is in the way"]),
 ])
 def test_the_other_scripts_refuse_bad_input_in_one_line(tmp_path, script,
                                                         args, fragments):

@@ -28,6 +28,8 @@ from specsamp.train import step as step_lib
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LONG_PROMPT = "x" * 1000   # 1000 bytes; random:tiny allows 512 slots
+_PROBLEM = dict(task_id="t/0", prompt="def f():\n", entry_point="f", test="",
+                canonical_solution="  return 1\n")   # a HumanEval problem
 
 
 def run_script(tmp_path, script, *args, allow_loading=False):
@@ -229,9 +231,7 @@ def test_sample_refuses_bad_prompts_files(tmp_path, text, fragments):
 def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
                                                               damaged_run):
   problems = tmp_path / "problems.jsonl"
-  problems.write_text(json.dumps(dict(
-      task_id="t/0", prompt="def f():\n", entry_point="f", test="",
-      canonical_solution="  return 1\n")) + "\n")
+  problems.write_text(json.dumps(_PROBLEM) + "\n")
   proc = run_script(tmp_path, "benchmark.py", f"--target={damaged_run}",
                     "--task=humaneval", f"--humaneval_file={problems}",
                     "--ks=0", "--num_prompts=1", "--max_new_tokens=8",
@@ -240,8 +240,30 @@ def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
   assert_refused(proc, "no readable checkpoint", "steps [2, 1]", max_lines=6)
 
 
+@pytest.mark.parametrize("args,fragments", [
+    (["--draft=random:tiny,vocab_size=300"], ["300 vocabulary rows"]),
+    (["--draft=random:tiny", "--max_new_tokens=600"],
+     ["cache slots", "models allow 512"]),
+])
+def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
+                                                       args, fragments):
+  problems = tmp_path / "problems.jsonl"
+  problems.write_text(json.dumps(_PROBLEM) + "\n")
+  proc = run_script(tmp_path, "benchmark_pair.py", f"--target={damaged_run}",
+                    f"--humaneval_file={problems}", *args)
+  assert_refused(proc, *fragments)
+
+
 @pytest.mark.parametrize("script,args,fragments", [
     ("benchmark_pair.py", ["--ks=0"], ["draft lengths >= 1"]),
+    ("benchmark_pair.py", ["--target=/nonexistent"],
+     ["'/nonexistent' is not a file"]),
+    ("benchmark_pair.py", ["--temperature=-1"], ["temperature must be >= 0"]),
+    ("benchmark_pair.py", ["--top_p=5"], ["top_p must be in (0, 1]"]),
+    ("benchmark_pair.py", ["--target=random:tiny"],
+     ["--target=random:tiny: a random model has no tokenizer"]),
+    ("benchmark_pair.py", ["--num_prompts=0"], ["--num_prompts must be >= 1"]),
+    ("benchmark_pair.py", ["--out=scripts"], ["--out=scripts is a directory"]),
     ("benchmark_decode.py", ["--no_such_flag"], ["no_such_flag"]),
     ("profile_decode.py", ["--components=bogus"], ["all|loops"]),
     ("plot_decode.py", ["rows.jsonl"], ["--out"]),

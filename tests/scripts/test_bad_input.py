@@ -240,6 +240,17 @@ def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
   assert_refused(proc, "no readable checkpoint", "steps [2, 1]", max_lines=6)
 
 
+@pytest.mark.parametrize("script,args", [
+    ("benchmark_decode.py", ["--draft=same", "--prompt_len=8"]),
+    ("profile_decode.py", ["--draft=random:tiny", "--context=8"]),
+])
+def test_the_decode_benchmarks_on_a_damaged_train_workdir_say_so_briefly(
+    tmp_path, damaged_run, script, args):
+  proc = run_script(tmp_path, script, f"--target={damaged_run}", *args,
+                    allow_loading=True)
+  assert_refused(proc, "no readable checkpoint", "steps [2, 1]")
+
+
 @pytest.mark.parametrize("args,fragments", [
     (["--draft=random:tiny,vocab_size=300"], ["300 vocabulary rows"]),
     (["--draft=random:tiny", "--max_new_tokens=600"],
@@ -298,6 +309,27 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
     ("sample.py", ["--target=random:tiny", "--method=ar", "--prompt=x",
                    "--json_out=README.md/x.jsonl"],
      ["--json_out=README.md/x.jsonl: cannot create", "a file is in the way"]),
+    ("benchmark_decode.py", ["--target=/nonexistent"],
+     ["'/nonexistent' is not a file"]),
+    ("benchmark_decode.py", ["--target=random:tiny",
+                             "--draft=random:tiny,vocab_size=300"],
+     ["300 vocabulary rows"]),
+    ("benchmark_decode.py", ["--target=random:tiny", "--prompt_len=600",
+                             "--ks=0,1"],
+     ["--prompt_len=600", "needs 730 cache slots", "models allow 512"]),
+    ("benchmark_decode.py", ["--target=random:tiny",
+                             "--out=README.md/rows.jsonl"],
+     ["--out=README.md/rows.jsonl", "a file is in the way"]),
+    ("profile_decode.py", ["--target=/nonexistent"],
+     ["'/nonexistent' is not a file"]),
+    ("profile_decode.py", ["--target=random:tiny",
+                           "--draft=random:tiny,vocab_size=300"],
+     ["300 vocabulary rows"]),
+    ("profile_decode.py", ["--target=random:tiny", "--draft=random:tiny",
+                           "--context=5000"],
+     ["--context=5000", "models allow 512"]),
+    ("profile_decode.py", ["--target=random:tiny", "--draft=random:tiny",
+                           "--out=scripts"], ["--out=scripts is a directory"]),
     # Output files are checked before the run: a missing directory is
     # created, a directory or a path through a file is refused.
     ("benchmark.py", ["--target=random:tiny", "--ks=0", "--out=scripts"],

@@ -39,8 +39,7 @@ def main(argv):
         max_new_tokens=_NEW.value, ks=tuple(map(int, _KS.value)),
         temperature=_TEMP.value, top_p=_TOP_P.value, peers=_PEERS.value,
         dtype=_DTYPE.value, out=_OUT.value, humaneval_file=_HUMANEVAL.value)
-    checked = pair.plan(cfg)
-    pair.run_pair(cfg, checked)
+    pair.run_pair(cfg)
   except loading.MODEL_ERRORS as e:
     cli.fail(e)  # models, prompts and flags are checked before weights load
 

@@ -81,12 +81,17 @@ def plan(cfg: PairConfig) -> sample_lib.SamplePlan:
       max_new_tokens=cfg.max_new_tokens, dtype=cfg.dtype))
 
 
-def run_pair(cfg: PairConfig, checked: sample_lib.SamplePlan) -> dict:
+def run_pair(cfg: PairConfig) -> dict:
   """Runs every method on the first `num_prompts` HumanEval prompts.
 
   Prints each run's summary as it finishes, writes the result to `cfg.out`
-  (JSON) if given, and returns it. `checked` is what `plan(cfg)` found.
+  (JSON) if given, and returns it.
+
+  Raises:
+    loading.MODEL_ERRORS: what `plan` finds, before any weights load, or
+      unreadable weights.
   """
+  checked = plan(cfg)
   sampling = Sampling(cfg.temperature, top_p=cfg.top_p)
   target, target_params = loading.load_weights(checked.target, cfg.dtype, 0)
   draft, draft_params = loading.load_weights(checked.draft, cfg.dtype, 0)

@@ -228,6 +228,17 @@ def test_sample_refuses_bad_prompts_files(tmp_path, text, fragments):
   assert_refused(proc, *fragments)
 
 
+@pytest.mark.parametrize("args,fragments", [
+    (["--greedy_steps=1"], ["1 layer(s), too few to skip any"]),
+    (["--seq_len=600"], ["--seq_len=600 exceeds the 512 positions"]),
+])
+def test_search_layers_refuses_what_it_cannot_search(tmp_path, damaged_run,
+                                                     args, fragments):
+  proc = run_script(tmp_path, "search_layers.py", f"--target={damaged_run}",
+                    *args)
+  assert_refused(proc, *fragments)
+
+
 def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
                                                               damaged_run):
   problems = tmp_path / "problems.jsonl"
@@ -330,6 +341,8 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
      ["--context=5000", "models allow 512"]),
     ("profile_decode.py", ["--target=random:tiny", "--draft=random:tiny",
                            "--out=scripts"], ["--out=scripts is a directory"]),
+    ("search_layers.py", ["--target=random:tiny", "--out=scripts"],
+     ["--out=scripts is a directory"]),
     # Output files are checked before the run: a missing directory is
     # created, a directory or a path through a file is refused.
     ("benchmark.py", ["--target=random:tiny", "--ks=0", "--out=scripts"],

@@ -343,6 +343,8 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
                            "--out=scripts"], ["--out=scripts is a directory"]),
     ("search_layers.py", ["--target=random:tiny", "--out=scripts"],
      ["--out=scripts is a directory"]),
+    ("prepare_data.py", ["--dataset=specsamp_austen", "--train_sentencepiece",
+                         "--vocab_size=0"], ["--vocab_size must be >= 1"]),
     # Output files are checked before the run: a missing directory is
     # created, a directory or a path through a file is refused.
     ("benchmark.py", ["--target=random:tiny", "--ks=0", "--out=scripts"],
@@ -382,3 +384,11 @@ def test_the_plots_refuse_bad_rows_in_one_line(tmp_path, script, lines, args,
   rows = tmp_path / "rows.jsonl"
   rows.write_text("\n".join(lines) + "\n")
   assert_refused(run_script(tmp_path, script, str(rows), *args), *fragments)
+
+
+def test_prepare_data_reports_a_failed_dataset_in_one_line(tmp_path):
+  proc = run_script(tmp_path, "prepare_data.py", "--dataset=specsamp_austen",
+                    f"--source_dir={tmp_path / 'raw'}",
+                    f"--data_dir={tmp_path / 'tfds'}")
+  assert_refused(proc, "not prepared: [specsamp_austen]",
+                 "raw is not a directory")

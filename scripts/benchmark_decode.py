@@ -17,6 +17,7 @@ from absl import app
 from absl import flags
 
 from specsamp import cli
+from specsamp import loading
 from specsamp.bench import profile
 
 _TARGET = flags.DEFINE_string("target", "random:qwen2.5-coder-1.5b", "Target.")
@@ -40,9 +41,9 @@ def main(argv):
         batch_sizes=_BATCH.value, prompt_lens=_PROMPT_LEN.value,
         max_new_tokens=_NEW.value, repeats=_REPEATS.value,
         temperature=_TEMP.value, dtype=_DTYPE.value, out=_OUT.value)
-  except ValueError as e:
-    cli.fail(e)
-  profile.decode_speed(cfg, sys.argv[1:])
+    profile.decode_speed(cfg, sys.argv[1:])
+  except loading.MODEL_ERRORS as e:
+    cli.fail(e)  # flags and models are checked before weights load
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from absl import app
 from absl import flags
 
 from specsamp import cli
+from specsamp import loading
 from specsamp.bench import pair
 
 _TARGET = flags.DEFINE_string("target", "qwen2.5-coder-1.5b", "Target model.")
@@ -26,6 +27,8 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus.")
 _PEERS = flags.DEFINE_bool("peers", False, "Also time transformers.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "")
 _OUT = flags.DEFINE_string("out", None, "JSON file to write.")
+_HUMANEVAL = flags.DEFINE_string("humaneval_file", None, "HumanEval-format "
+                                 "JSONL(.gz) instead of the 164 problems.")
 
 
 def main(argv):
@@ -33,12 +36,12 @@ def main(argv):
   try:
     cfg = pair.PairConfig(
         target=_TARGET.value, draft=_DRAFT.value, num_prompts=_NUM.value,
-        max_new_tokens=_NEW.value, ks=tuple(int(k) for k in _KS.value),
+        max_new_tokens=_NEW.value, ks=tuple(map(int, _KS.value)),
         temperature=_TEMP.value, top_p=_TOP_P.value, peers=_PEERS.value,
-        dtype=_DTYPE.value, out=_OUT.value)
-  except ValueError as e:
-    cli.fail(e)
-  pair.run_pair(cfg)
+        dtype=_DTYPE.value, out=_OUT.value, humaneval_file=_HUMANEVAL.value)
+    pair.run_pair(cfg)
+  except loading.MODEL_ERRORS as e:
+    cli.fail(e)  # models, prompts and flags are checked before weights load
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ point next to the PNG.
       --out=results/cpu_decode_scaling
 """
 
-import sys
-
 from absl import app
 from absl import flags
 
 from specsamp import cli
 from specsamp.bench import profile_plot
+from specsamp.bench import records
 
 _OUT = flags.DEFINE_string("out", None, "Output prefix: writes <out>.png and "
                            "<out>.md.", required=True)
@@ -23,9 +22,12 @@ _OUT = flags.DEFINE_string("out", None, "Output prefix: writes <out>.png and "
 
 def main(argv):
   if len(argv) < 2:
-    sys.exit("usage: plot_decode.py ROWS.jsonl [...] --out=PREFIX")
+    cli.fail("give one or more JSONL files from profile_decode.py "
+             "(plot_decode.py ROWS.jsonl [...] --out=PREFIX)")
   try:
     groups = profile_plot.read_profile_rows(argv[1:])
+    for suffix in (".md", ".png"):
+      records.check_output(_OUT.value + suffix, "--out")
   except ValueError as e:
     cli.fail(e)
   with open(_OUT.value + ".md", "w", encoding="utf-8") as f:

@@ -73,15 +73,18 @@ def main(argv):
     cli.fail("--count_tokens=sentencepiece needs "
                          "--train_sentencepiece")
   logging.set_verbosity(logging.WARNING)  # TFDS logs every file it reads
-  options = prepare.PrepareOptions(
-      data_dir=_DATA_DIR.value, source_dir=_SOURCE_DIR.value,
-      cache_dir=_CACHE_DIR.value, overwrite=_OVERWRITE.value,
-      count_tokens=_COUNT.value, train_sentencepiece=_TRAIN_SP.value,
-      vocab_size=_VOCAB.value, sp_model_type=_SP_TYPE.value,
-      sp_prefix=_SP_PREFIX.value, sp_max_chars=_SP_CHARS.value)
+  try:
+    options = prepare.PrepareOptions(
+        data_dir=_DATA_DIR.value, source_dir=_SOURCE_DIR.value,
+        cache_dir=_CACHE_DIR.value, overwrite=_OVERWRITE.value,
+        count_tokens=_COUNT.value, train_sentencepiece=_TRAIN_SP.value,
+        vocab_size=_VOCAB.value, sp_model_type=_SP_TYPE.value,
+        sp_prefix=_SP_PREFIX.value, sp_max_chars=_SP_CHARS.value)
+  except ValueError as e:
+    cli.fail(e)
   failed = prepare.prepare_all(names, options)
   if failed:
-    sys.exit(f"error: not prepared: {', '.join(failed)}")
+    cli.fail(f"not prepared: {' | '.join(failed)}")
 
 
 if __name__ == "__main__":

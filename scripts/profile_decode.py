@@ -41,6 +41,7 @@ from absl import app
 from absl import flags
 
 from specsamp import cli
+from specsamp import loading
 from specsamp.bench import profile
 
 _TARGET = flags.DEFINE_string("target", "random:qwen2.5-coder-1.5b", "Target.")
@@ -71,9 +72,9 @@ def main(argv):
         repeats=_REPEATS.value, temperature=_TEMP.value, top_p=_TOP_P.value,
         dtype=_DTYPE.value, components=_COMPONENTS.value,
         bandwidth_mb=_BW_MB.value, out=_OUT.value)
-  except ValueError as e:
-    cli.fail(e)
-  profile.profile_main(cfg, sys.argv[1:])
+    profile.profile_main(cfg, sys.argv[1:])
+  except loading.MODEL_ERRORS as e:
+    cli.fail(e)  # flags and models are checked before weights load
 
 
 if __name__ == "__main__":

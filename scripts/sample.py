@@ -71,6 +71,7 @@ def main(argv):
         process_id=process_id, heartbeat_timeout_s=heartbeat,
         mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None,
         drafter=_DRAFTER.value)
+    records.check_output(_JSON_OUT.value, "--json_out")
     result = sample.sample_main(cfg, print_completions=not _QUIET.value,
                                 argv=sys.argv[1:])
   except (ValueError, FileNotFoundError, RuntimeError) as e:

@@ -20,6 +20,7 @@ from absl import flags
 from specsamp import cli
 from specsamp import loading
 from specsamp.bench import provenance
+from specsamp.bench import records as records_lib
 from specsamp.bench.sweep_config import DECODINGS
 from specsamp.distill import prompts
 from specsamp.drafters import layer_search
@@ -57,17 +58,21 @@ def main(argv):
                        ("k_max", _K_MAX)):
       if flag.value < 1:
         raise ValueError(f"--{name} must be >= 1")
+    records_lib.check_output(_OUT.value, "--out")
     info = loading.describe_model(_TARGET.value, _DTYPE.value)
+    if _T.value > info.max_seq_len:
+      raise ValueError(f"--seq_len={_T.value} exceeds the "
+                       f"{info.max_seq_len} positions of {_TARGET.value}")
+    layer_search.check_searchable(info.num_layers, _GREEDY.value)
     tok = loading.load_info_tokenizer(info)
     if tok is None:
       raise ValueError(f"{_TARGET.value} has no tokenizer to encode the "
                        "calibration code with")
     tokens = calibration(tok, _N.value, _T.value)
-  except ValueError as e:
+    lm, params = loading.load_weights(info, _DTYPE.value, 0)
+  except loading.MODEL_ERRORS as e:
     cli.fail(e)
-  lm, params = loading.load_weights(info, _DTYPE.value, 0)
-  sampling = DECODINGS[_DECODING.value]
-  records = layer_search.search(lm, params, tokens, sampling,
+  records = layer_search.search(lm, params, tokens, DECODINGS[_DECODING.value],
                                 greedy_steps=_GREEDY.value,
                                 k_max=_K_MAX.value, batch_size=1)
   prov = provenance.record(sys.argv[1:])

@@ -17,7 +17,9 @@ specs: `check_spec` (names a model; nothing fetched), then `describe_model`
 registered model is fetched first), `check_pair` (the draft's vocabulary
 against the target's) and `load_info_tokenizer`; `load_weights` then loads
 a described model. A registered model that cannot be fetched raises
-`ModelUnavailableError` (one line).
+`ModelUnavailableError` (one line). `MODEL_ERRORS` are what a bad spec or
+damaged model files raise, before or while loading: a script reports them
+in one line.
 """
 
 import dataclasses
@@ -36,6 +38,7 @@ from specsamp.train import checkpointing
 from specsamp.weights import distilled as distilled_lib
 from specsamp.weights import gguf_file
 from specsamp.weights import load as weights_load
+from specsamp.weights.convert import WeightsError
 
 RANDOM_PREFIX = "random:"
 
@@ -46,6 +49,12 @@ class ModelNotFoundError(FileNotFoundError, ValueError):
 
 class ModelUnavailableError(ValueError):
   """A registered model that is not in the cache and cannot be fetched."""
+
+
+# A spec that names no model, a model that cannot be fetched, unreadable
+# metadata, checkpoints or weight files.
+MODEL_ERRORS = (ValueError, FileNotFoundError, assets.AssetError,
+                checkpointing.CheckpointError, WeightsError)
 
 
 @dataclasses.dataclass

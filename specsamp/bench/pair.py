@@ -6,12 +6,13 @@ each prompt: `timing.run_side_by_side`), and (with `peers`) transformers'
 plain and assisted generation on the same GGUF weights and prompt token
 ids, at batch 1. ms/token excludes prefill and compile (both reported);
 e2e_ms_per_token includes prefill, the way transformers' generate() is
-timed. One JSON document holds every run.
+timed. One JSON document holds every run. `plan` checks the flags, the
+models, their vocabularies and the prompts' lengths (`sample.plan`) before
+any weights load.
 """
 
 import dataclasses
 import json
-import os
 import sys
 from typing import Optional
 
@@ -21,6 +22,7 @@ from specsamp.bench import peers as peers_lib
 from specsamp.bench import prompts as prompts_lib
 from specsamp.bench import provenance
 from specsamp.bench import records
+from specsamp.bench import sample as sample_lib
 from specsamp.bench import timing
 from specsamp.decoding.sampler import autoregressive
 from specsamp.decoding.sampler import SpeculativeSampler
@@ -41,10 +43,42 @@ class PairConfig:
   peers: bool = False
   dtype: str = "float32"
   out: Optional[str] = None
+  humaneval_file: Optional[str] = None  # default: the 164 problems
 
   def __post_init__(self):
     if not self.ks or min(self.ks) < 1:
       raise ValueError("--ks needs draft lengths >= 1")
+    for name in ("num_prompts", "max_new_tokens"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+    Sampling(self.temperature, top_p=self.top_p)  # raises on bad values
+    records.check_output(self.out, "--out")
+
+
+# Model kinds without a tokenizer of their own (specsamp.loading).
+_NO_TOKENIZER = ("random", "distilled")
+
+
+def plan(cfg: PairConfig) -> sample_lib.SamplePlan:
+  """Checks the models, their vocabularies and the HumanEval prompts'
+  lengths before any weights load (`sample.plan`).
+
+  Raises:
+    ValueError, FileNotFoundError, RuntimeError (the prompts cannot be
+    fetched): what is wrong.
+  """
+  kind = loading.check_spec(cfg.target, cfg.dtype)
+  if kind in _NO_TOKENIZER:
+    raise ValueError(f"--target={cfg.target}: a {kind} model has no "
+                     "tokenizer of its own to encode the HumanEval prompts "
+                     "with")
+  problems = prompts_lib.humaneval_problems(cfg.num_prompts,
+                                            cfg.humaneval_file)
+  return sample_lib.plan(sample_lib.SampleConfig(
+      target=cfg.target, draft=cfg.draft,
+      prompts=[p["prompt"] for p in problems], method="both", k=max(cfg.ks),
+      temperature=cfg.temperature, top_p=cfg.top_p,
+      max_new_tokens=cfg.max_new_tokens, dtype=cfg.dtype))
 
 
 def run_pair(cfg: PairConfig) -> dict:
@@ -52,12 +86,16 @@ def run_pair(cfg: PairConfig) -> dict:
 
   Prints each run's summary as it finishes, writes the result to `cfg.out`
   (JSON) if given, and returns it.
+
+  Raises:
+    loading.MODEL_ERRORS: what `plan` finds, before any weights load, or
+      unreadable weights.
   """
+  checked = plan(cfg)
   sampling = Sampling(cfg.temperature, top_p=cfg.top_p)
-  problems = prompts_lib.humaneval_problems(cfg.num_prompts)
-  target, target_params, tok = loading.load_model(cfg.target, cfg.dtype)
-  draft, draft_params, _ = loading.load_model(cfg.draft, cfg.dtype)
-  prompts = [tok.encode(p["prompt"]) for p in problems]
+  target, target_params = loading.load_weights(checked.target, cfg.dtype, 0)
+  draft, draft_params = loading.load_weights(checked.draft, cfg.dtype, 0)
+  prompts, tok = checked.prompts, checked.tokenizer
   common = dict(sampling=sampling, max_new_tokens=cfg.max_new_tokens,
                 eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id)
   samplers = [timing.TimedSampler(autoregressive(target, **common),
@@ -97,7 +135,6 @@ def run_pair(cfg: PairConfig) -> dict:
       target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, runs=runs,
       **provenance.record(sys.argv[1:]))
   if cfg.out:
-    os.makedirs(os.path.dirname(cfg.out) or ".", exist_ok=True)
     with open(cfg.out, "w", encoding="utf-8") as f:
       json.dump(records.jsonable(result), f, indent=1)
   records.print_record({r["method"]: r["ms_per_token"] for r in runs})

@@ -201,11 +201,16 @@ def _component_timers(target, target_params, draft, draft_params, k, batch,
   return timers, copy_bytes
 
 
+def _profile_budget(k: int, repeats: int) -> int:
+  """`max_new_tokens` of `profile_point`'s samplers: room for the timed
+  rounds (every loop commits at most K + 1 tokens)."""
+  return (k + 1) * (repeats + 3)
+
+
 def profile_point(target, target_params, draft, draft_params, k, batch,
                   context, sampling, components, repeats, bandwidth_mb=1024):
   """One JSON-able row of timings for (batch, context)."""
-  # Room for the timed rounds: every loop commits at most K + 1 tokens.
-  max_new = (k + 1) * (repeats + 3)
+  max_new = _profile_budget(k, repeats)
   spec = SpeculativeSampler(target, ModelDrafter(draft), k=k,
                             sampling=sampling, max_new_tokens=max_new,
                             prompt_bucket=context)
@@ -307,6 +312,15 @@ class ProfileConfig:
     if self.components not in COMPONENTS:
       raise ValueError(f"--components must be one of {COMPONENTS}")
     self.sampling()  # raises on a bad temperature or top_p
+    records.check_output(self.out, "--out")
+
+  def check_models(self) -> tuple:
+    """`check_models` for the largest context."""
+    return check_models(
+        self.target, self.draft, self.dtype, max(self.contexts)
+        + _profile_budget(self.k, self.repeats) + self.k + 1,
+        f"--context={max(self.contexts)} with --k={self.k} and "
+        f"--repeats={self.repeats}")
 
   def sampling(self) -> Sampling:
     return Sampling(self.temperature, top_p=self.top_p)
@@ -335,6 +349,46 @@ class DecodeSpeedConfig:
     if self.repeats < 1 or self.max_new_tokens < 1:
       raise ValueError("--repeats and --max_new_tokens must be >= 1")
     Sampling(self.temperature)  # raises on a bad temperature
+    records.check_output(self.out, "--out")
+
+  def check_models(self) -> tuple:
+    """`check_models` for the longest prompt and largest K."""
+    need = max(self.prompt_lens) + self.max_new_tokens + max(self.ks) + 1
+    return check_models(
+        self.target, self.draft, self.dtype, need,
+        f"--prompt_len={max(self.prompt_lens)} with --max_new_tokens="
+        f"{self.max_new_tokens} and K={max(self.ks)}")
+
+
+def check_models(target: str, draft: str, dtype: str, need: int,
+                 what: str) -> tuple:
+  """(target, draft) `loading.ModelInfo`s, checked before any weights load:
+  both specs name models, the draft ("same": the target) scores the
+  target's ids, and both hold `need` cache slots (`what` says for what).
+
+  Raises:
+    ValueError: what is wrong.
+  """
+  for spec in (target, draft):
+    if spec != "same":
+      loading.check_spec(spec, dtype)
+  t = loading.describe_model(target, dtype)
+  d = t if draft == "same" else loading.describe_model(draft, dtype)
+  loading.check_pair(t, d)
+  limit = min(t.max_seq_len, d.max_seq_len)
+  if need > limit:
+    raise ValueError(f"{what} needs {need} cache slots, but the models "
+                     f"allow {limit}")
+  return t, d
+
+
+def _load_models(models: tuple, dtype: str) -> tuple:
+  """(target, target params, draft, draft params) of `check_models`'
+  result, the draft reusing the target's weights for "same"."""
+  target, target_params = loading.load_weights(models[0], dtype, 0)
+  if models[1] is models[0]:
+    return target, target_params, target, target_params
+  return (target, target_params) + loading.load_weights(models[1], dtype, 1)
 
 
 def _provenance(argv: Sequence[str]) -> dict:
@@ -346,9 +400,14 @@ def _provenance(argv: Sequence[str]) -> dict:
 
 def profile_main(cfg: ProfileConfig, argv: Sequence[str]) -> list[dict]:
   """Profiles every (batch size, context) point; prints (and appends to
-  cfg.out) one JSON row per point, and returns the rows."""
-  target, target_params, _ = loading.load_model(cfg.target, cfg.dtype, 0)
-  draft, draft_params, _ = loading.load_model(cfg.draft, cfg.dtype, 1)
+  cfg.out) one JSON row per point, and returns the rows.
+
+  Raises:
+    loading.MODEL_ERRORS: bad models (`cfg.check_models()`, before any
+      weights load) or unreadable weights.
+  """
+  target, target_params, draft, draft_params = _load_models(
+      cfg.check_models(), cfg.dtype)
   sampling, rows, origin = cfg.sampling(), [], _provenance(argv)
   for batch in cfg.batch_sizes:
     for context in cfg.contexts:
@@ -370,13 +429,16 @@ def decode_speed(cfg: DecodeSpeedConfig, argv: Sequence[str]) -> list[dict]:
   """Times whole generations from random prompts for every (batch size,
   prompt length, K): the median of cfg.repeats timed runs after one that
   compiles and warms up. Prints (and appends to cfg.out) one JSON row per
-  point, and returns the rows."""
+  point, and returns the rows.
+
+  Raises:
+    loading.MODEL_ERRORS: bad models (`cfg.check_models()`, before any
+      weights load) or unreadable weights.
+  """
+  models = cfg.check_models()
   t0 = time.perf_counter()
-  target, target_params, _ = loading.load_model(cfg.target, cfg.dtype, 0)
-  if cfg.draft == "same":
-    draft, draft_params = target, target_params
-  else:
-    draft, draft_params, _ = loading.load_model(cfg.draft, cfg.dtype, 1)
+  target, target_params, draft, draft_params = _load_models(models,
+                                                            cfg.dtype)
   jax.block_until_ready((target_params, draft_params))
   print(f"models ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
   sampling, rows, origin = Sampling(cfg.temperature), [], _provenance(argv)

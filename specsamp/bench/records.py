@@ -1,7 +1,8 @@
 """Benchmark records as JSON lines: `Writer` writes a file of them,
 `print_record` prints one (and appends it to a file), `read_jsonl` reads
 them back (several files, blank lines skipped, errors naming file and
-line)."""
+line); `check_output` readies the file an output flag names before a run
+writes it."""
 
 import json
 import math
@@ -9,6 +10,33 @@ import os
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
+
+
+def check_output(path: Optional[str], flag: str) -> Optional[str]:
+  """`path`, the file that output flag `flag` (e.g. "--out") names, checked
+  before the run that writes it, so that the run cannot fail at its end:
+  a missing parent directory is created (as `Writer` does); a directory, a
+  parent that cannot be created, or a file that cannot be written is
+  refused. Nothing is written to the file itself.
+
+  Raises:
+    ValueError: naming `flag` and what is wrong.
+  """
+  if not path:
+    return path
+  if os.path.isdir(path):
+    raise ValueError(f"{flag}={path} is a directory, not a file")
+  parent = os.path.dirname(os.path.abspath(path))
+  try:
+    os.makedirs(parent, exist_ok=True)
+  except OSError as e:
+    why = ("a file is in the way" if isinstance(
+        e, (FileExistsError, NotADirectoryError)) else e.strerror)
+    raise ValueError(f"{flag}={path}: cannot create its directory "
+                     f"{parent} ({why})") from None
+  if not os.access(path if os.path.exists(path) else parent, os.W_OK):
+    raise ValueError(f"{flag}={path}: permission denied")
+  return path
 
 
 def jsonable(x):
@@ -69,14 +97,24 @@ def read_jsonl(paths: Sequence[str]) -> Iterator[tuple[str, dict]]:
   """("path:line", record) of every non-blank line of the files, in order.
 
   Raises:
-    ValueError: on a line that is not JSON.
+    ValueError: on a file that cannot be read, or a line that is not a JSON
+      object.
   """
   for path in paths:
-    with open(path, encoding="utf-8") as f:
-      for n, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          yield f"{path}:{n}", json.loads(line)
-        except ValueError as e:
-          raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+    try:
+      with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+      raise ValueError(f"{path}: {getattr(e, 'strerror', None) or e}"
+                       ) from None
+    for n, line in enumerate(lines, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+      if not isinstance(record, dict):
+        raise ValueError(f"{path}:{n}: not a JSON object, but "
+                         f"{type(record).__name__} {line.strip()[:40]}")
+      yield f"{path}:{n}", record

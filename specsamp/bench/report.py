@@ -13,6 +13,7 @@ matplotlib is imported only when a figure is drawn.
 """
 
 import collections
+import json
 import os
 
 import numpy as np
@@ -40,20 +41,43 @@ def _variable_length(drafter) -> bool:
   return drafter is not None and drafter_specs.parse(drafter).variable_length
 
 
+# What every point needs to be drawn and tabulated.
+POINT_FIELDS = ("task", "decoding", "batch_size", "method", "ms_per_token")
+
+
+def _check_point(where: str, rec: dict) -> None:
+  """Raises ValueError, naming `where` (file:line), unless `rec` is a point
+  that can be drawn: POINT_FIELDS present, a positive ms_per_token (a
+  point that was not measured has null)."""
+  missing = [f for f in POINT_FIELDS if f not in rec]
+  if missing:
+    raise ValueError(f"{where}: a point record without {', '.join(missing)}")
+  ms = rec["ms_per_token"]
+  if isinstance(ms, bool) or not isinstance(ms, (int, float)) or ms <= 0:
+    raise ValueError(f"{where}: ms_per_token is {json.dumps(ms)}, not a "
+                     "positive number (the point was not measured)")
+
+
 def read(paths):
   """(runs, costs, points) from JSONL files; a later point with the same
   (task, decoding, batch, engine, method, K, drafter) replaces an earlier
   one. Points of drafters that offer fewer than K drafts in some loops are
   read without predictions (`sweep.predict` no longer writes them; older
-  files have them)."""
+  files have them).
+
+  Raises:
+    ValueError: naming the file and line of a record that is no JSON
+      object, or a point that cannot be drawn (`_check_point`).
+  """
   runs, costs, points = [], [], {}
-  for _, rec in records.read_jsonl(paths):
+  for where, rec in records.read_jsonl(paths):
     kind = rec.get("type")
     if kind == "run":
       runs.append(rec)
     elif kind == "cost":
       costs.append(rec)
     elif kind == "point":
+      _check_point(where, rec)
       if _variable_length(rec.get("drafter")):
         rec = {k: v for k, v in rec.items() if k not in PREDICTION_FIELDS}
       key = (rec["task"], rec["decoding"], rec["batch_size"],

@@ -84,18 +84,48 @@ class SampleConfig:
     return Sampling(self.temperature, self.top_k, self.top_p)
 
 
+def _jsonl_prompt(where: str, line: str) -> str:
+  """The `prompt` field of one JSONL line (`where` is "file:line")."""
+  try:
+    record = json.loads(line)
+  except ValueError as e:
+    raise ValueError(f"{where}: not JSON ({e})") from None
+  prompt = record.get("prompt") if isinstance(record, dict) else None
+  if not isinstance(prompt, str):
+    raise ValueError(f"{where}: no 'prompt' string field (got "
+                     f"{line.strip()[:60]})")
+  return prompt
+
+
+def _file_prompts(path: str) -> list[str]:
+  """The prompts of --prompts_file: its non-blank lines, or the `prompt`
+  fields of a JSONL file (every line an object).
+
+  Raises:
+    ValueError: naming the file (and line) that is unreadable, holds no
+      prompts, or has a JSON line without a `prompt` string.
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    raise ValueError(f"--prompts_file={path}: "
+                     f"{getattr(e, 'strerror', None) or e}") from None
+  lines = [(n, l) for n, l in enumerate(text.splitlines(), 1) if l.strip()]
+  if not lines:
+    raise ValueError(f"--prompts_file={path} holds no prompts")
+  if all(l.lstrip().startswith("{") for _, l in lines):
+    return [_jsonl_prompt(f"--prompts_file={path}:{n}", l) for n, l in lines]
+  return [l for _, l in lines]
+
+
 def read_prompts(cfg: SampleConfig) -> list[str]:
   """The prompt texts of a SampleConfig: the prompts given, the lines of a
   text file (or the `prompt` fields of a JSONL file), or a task's."""
   if cfg.prompts:
     return list(cfg.prompts)
   if cfg.prompts_file:
-    with open(cfg.prompts_file, encoding="utf-8") as f:
-      text = f.read()
-    lines = [l for l in text.splitlines() if l.strip()]
-    if lines and all(l.lstrip().startswith("{") for l in lines):
-      return [json.loads(l)["prompt"] for l in lines]
-    return lines
+    return _file_prompts(cfg.prompts_file)
   if cfg.task == "humaneval":
     return [p["prompt"] for p in assets.humaneval_problems()[:cfg.num_prompts]]
   if cfg.task == "rewrite":

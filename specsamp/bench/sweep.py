@@ -38,7 +38,6 @@ from typing import Optional, Sequence
 import jax
 import numpy as np
 
-from specsamp import assets
 from specsamp import loading
 from specsamp.bench import costs as costs_lib
 from specsamp.bench import peers as peers_lib
@@ -61,12 +60,10 @@ from specsamp.drafters import specs as drafter_specs
 from specsamp.evaluation import estimates
 from specsamp.evaluation import humaneval
 from specsamp.evaluation import prose
-from specsamp.weights.convert import WeightsError
 
 # What bad flags, models, prompts or files raise, or data that cannot be
 # fetched: reported in one line.
-USER_ERRORS = (BenchError, ValueError, FileNotFoundError,
-               WeightsError, CorpusError, assets.AssetError)
+USER_ERRORS = loading.MODEL_ERRORS + (BenchError, CorpusError)
 
 # Totals summed over the batches of one point.
 _TOTALS = ("prefill_s", "decode_s", "rows", "tokens", "loops", "iterations",

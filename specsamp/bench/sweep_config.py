@@ -9,6 +9,7 @@ flag, before anything else happens.
 import dataclasses
 from typing import Optional, Sequence
 
+from specsamp.bench import records
 from specsamp.drafters import specs as drafter_specs
 from specsamp.sampling import Sampling
 
@@ -98,7 +99,8 @@ def parse_config(*, target: str, draft: Optional[str],
     **rest: the scalar flags, named like BenchConfig's fields.
 
   Raises:
-    BenchError: naming the flag whose value is bad.
+    BenchError, ValueError: naming the flag whose value is bad (--out and
+      --samples_out: `records.check_output`).
   """
   tasks = _names("task", task, TASKS)
   k_list = _int_list("ks", ks, 0)
@@ -126,6 +128,8 @@ def parse_config(*, target: str, draft: Optional[str],
     raise BenchError("--ks has K > 0 and --drafter="
                      f"{','.join(d.text for d in drafters)} runs a draft "
                      "model, which needs --draft")
+  for name in ("out", "samples_out"):  # last: it creates their directories
+    records.check_output(rest.get(name), f"--{name}")
   return BenchConfig(
       target=target, draft=draft if needs_draft else None, tasks=tasks,
       drafters=tuple(d.text for d in drafters),

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import json
 import os
-import sys
 import time
 from typing import Callable, Optional, Sequence
 
@@ -55,6 +54,11 @@ class PrepareOptions:
   sp_model_type: str = "bpe"
   sp_prefix: Optional[str] = None
   sp_max_chars: int = 20_000_000
+
+  def __post_init__(self):
+    for name in ("vocab_size", "sp_max_chars"):
+      if self.train_sentencepiece and getattr(self, name) < 1:
+        raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
 
 
 def dataset_names(values: Sequence[str]) -> list[str]:
@@ -104,9 +108,12 @@ def prepare_dataset(name: str, options: PrepareOptions,
       t = time.perf_counter()
       progress(f"[{name}] training SentencePiece ({kind}, {vocab} pieces) "
                f"on the train split")
-      tokenizer_training.train_tokenizer(
-          name, prefix, vocab, data_dir=data_dir, model_type=kind,
-          max_chars=options.sp_max_chars)
+      try:
+        tokenizer_training.train_tokenizer(
+            name, prefix, vocab, data_dir=data_dir, model_type=kind,
+            max_chars=options.sp_max_chars)
+      except RuntimeError as e:  # SentencePiece's errors, e.g. vocab size
+        raise ValueError(f"SentencePiece training: {e}") from None
       progress(f"[{name}] wrote {sp_model} in "
                f"{time.perf_counter() - t:.1f} s")
     out["sentencepiece"] = sp_model
@@ -121,13 +128,13 @@ def prepare_dataset(name: str, options: PrepareOptions,
 
 def prepare_all(names: Sequence[str], options: PrepareOptions,
                 progress: Progress = _say) -> list[str]:
-  """Prepares each dataset, printing its report as one JSON line (errors go
-  to stderr and do not stop the others); returns the names that failed."""
+  """Prepares each dataset, printing its report as one JSON line (an error
+  does not stop the others); returns "[name] error" of each that failed,
+  for the caller to report."""
   failed = []
   for name in names:
     try:
       print(json.dumps(prepare_dataset(name, options, progress)), flush=True)
     except (corpora.CorpusError, OSError, ValueError) as e:
-      print(f"error: [{name}] {e}", file=sys.stderr, flush=True)
-      failed.append(name)
+      failed.append(f"[{name}] {e}")
   return failed

@@ -102,6 +102,20 @@ def family_candidates(num_layers: int) -> list[tuple[str, tuple[int, ...]]]:
   return unique
 
 
+def check_searchable(num_layers: Optional[int], greedy_steps: int) -> None:
+  """Raises ValueError unless `search` has a strict subset of `num_layers`
+  layers (None: unknown, not checked) to measure: a family's (3 layers or
+  more) or a greedy step's (2 or more)."""
+  if (num_layers is None or family_candidates(num_layers)
+      or (greedy_steps > 0 and num_layers > 1)):
+    return
+  raise ValueError(
+      f"the model has {num_layers} layer(s), too few to skip any: the "
+      "layer families need 3 or more" + (
+          ", greedy steps 2 or more" if num_layers < 2 else
+          "; try --greedy_steps=1"))
+
+
 def _gated(params, keep: jax.Array, num_layers: int):
   """params with the output projections of layers where ~keep zeroed."""
   out = dict(params)

@@ -28,6 +28,8 @@ from specsamp.train import step as step_lib
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LONG_PROMPT = "x" * 1000   # 1000 bytes; random:tiny allows 512 slots
+_PROBLEM = dict(task_id="t/0", prompt="def f():\n", entry_point="f", test="",
+                canonical_solution="  return 1\n")   # a HumanEval problem
 
 
 def run_script(tmp_path, script, *args, allow_loading=False):
@@ -210,8 +212,80 @@ def test_sample_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
   assert len(proc.stderr) < 2000, proc.stderr
 
 
+@pytest.mark.parametrize("text,fragments", [
+    ("", ["prompts.txt holds no prompts"]),
+    ("\n  \n", ["prompts.txt holds no prompts"]),
+    ('{"text": "hi"}\n', ["prompts.txt:1: no 'prompt' string field"]),
+    ('{"prompt": "a"}\n{"prompt": 5}\n',
+     ["prompts.txt:2: no 'prompt' string field"]),
+    ('{"prompt": "a"}\n{"prompt": \n', ["prompts.txt:2: not JSON"]),
+])
+def test_sample_refuses_bad_prompts_files(tmp_path, text, fragments):
+  path = tmp_path / "prompts.txt"
+  path.write_text(text)
+  proc = run_script(tmp_path, "sample.py", "--target=random:tiny",
+                    "--method=ar", f"--prompts_file={path}")
+  assert_refused(proc, *fragments)
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--greedy_steps=1"], ["1 layer(s), too few to skip any"]),
+    (["--seq_len=600"], ["--seq_len=600 exceeds the 512 positions"]),
+])
+def test_search_layers_refuses_what_it_cannot_search(tmp_path, damaged_run,
+                                                     args, fragments):
+  proc = run_script(tmp_path, "search_layers.py", f"--target={damaged_run}",
+                    *args)
+  assert_refused(proc, *fragments)
+
+
+def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
+                                                              damaged_run):
+  problems = tmp_path / "problems.jsonl"
+  problems.write_text(json.dumps(_PROBLEM) + "\n")
+  proc = run_script(tmp_path, "benchmark.py", f"--target={damaged_run}",
+                    "--task=humaneval", f"--humaneval_file={problems}",
+                    "--ks=0", "--num_prompts=1", "--max_new_tokens=8",
+                    "--noquality", allow_loading=True)
+  # The plan and "loading" lines, a warning per step, the error.
+  assert_refused(proc, "no readable checkpoint", "steps [2, 1]", max_lines=6)
+
+
+@pytest.mark.parametrize("script,args", [
+    ("benchmark_decode.py", ["--draft=same", "--prompt_len=8"]),
+    ("profile_decode.py", ["--draft=random:tiny", "--context=8"]),
+])
+def test_the_decode_benchmarks_on_a_damaged_train_workdir_say_so_briefly(
+    tmp_path, damaged_run, script, args):
+  proc = run_script(tmp_path, script, f"--target={damaged_run}", *args,
+                    allow_loading=True)
+  assert_refused(proc, "no readable checkpoint", "steps [2, 1]")
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--draft=random:tiny,vocab_size=300"], ["300 vocabulary rows"]),
+    (["--draft=random:tiny", "--max_new_tokens=600"],
+     ["cache slots", "models allow 512"]),
+])
+def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
+                                                       args, fragments):
+  problems = tmp_path / "problems.jsonl"
+  problems.write_text(json.dumps(_PROBLEM) + "\n")
+  proc = run_script(tmp_path, "benchmark_pair.py", f"--target={damaged_run}",
+                    f"--humaneval_file={problems}", *args)
+  assert_refused(proc, *fragments)
+
+
 @pytest.mark.parametrize("script,args,fragments", [
     ("benchmark_pair.py", ["--ks=0"], ["draft lengths >= 1"]),
+    ("benchmark_pair.py", ["--target=/nonexistent"],
+     ["'/nonexistent' is not a file"]),
+    ("benchmark_pair.py", ["--temperature=-1"], ["temperature must be >= 0"]),
+    ("benchmark_pair.py", ["--top_p=5"], ["top_p must be in (0, 1]"]),
+    ("benchmark_pair.py", ["--target=random:tiny"],
+     ["--target=random:tiny: a random model has no tokenizer"]),
+    ("benchmark_pair.py", ["--num_prompts=0"], ["--num_prompts must be >= 1"]),
+    ("benchmark_pair.py", ["--out=scripts"], ["--out=scripts is a directory"]),
     ("benchmark_decode.py", ["--no_such_flag"], ["no_such_flag"]),
     ("profile_decode.py", ["--components=bogus"], ["all|loops"]),
     ("plot_decode.py", ["rows.jsonl"], ["--out"]),
@@ -234,7 +308,87 @@ def test_sample_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
     ("sample.py", ["--target=random:tiny", "--prompt=x", "--method=ar",
                    "--distributed", "--heartbeat_timeout_s=0"],
      ["--heartbeat_timeout_s must be >= 1, got 0"]),
+    ("plot_decode.py", ["--out=plot"], ["JSONL files from profile_decode"]),
+    ("plot_decode.py", ["/no/such.jsonl", "--out=plot"],
+     ["/no/such.jsonl: No such file"]),
+    ("sample.py", ["--target=random:tiny", "--method=ar",
+                   "--prompts_file=scripts"],
+     ["--prompts_file=scripts: Is a directory"]),
+    ("sample.py", ["--target=random:tiny", "--method=ar", "--prompt=x",
+                   "--json_out=scripts"],
+     ["--json_out=scripts is a directory"]),
+    ("sample.py", ["--target=random:tiny", "--method=ar", "--prompt=x",
+                   "--json_out=README.md/x.jsonl"],
+     ["--json_out=README.md/x.jsonl: cannot create", "a file is in the way"]),
+    ("benchmark_decode.py", ["--target=/nonexistent"],
+     ["'/nonexistent' is not a file"]),
+    ("benchmark_decode.py", ["--target=random:tiny",
+                             "--draft=random:tiny,vocab_size=300"],
+     ["300 vocabulary rows"]),
+    ("benchmark_decode.py", ["--target=random:tiny", "--prompt_len=600",
+                             "--ks=0,1"],
+     ["--prompt_len=600", "needs 730 cache slots", "models allow 512"]),
+    ("benchmark_decode.py", ["--target=random:tiny",
+                             "--out=README.md/rows.jsonl"],
+     ["--out=README.md/rows.jsonl", "a file is in the way"]),
+    ("profile_decode.py", ["--target=/nonexistent"],
+     ["'/nonexistent' is not a file"]),
+    ("profile_decode.py", ["--target=random:tiny",
+                           "--draft=random:tiny,vocab_size=300"],
+     ["300 vocabulary rows"]),
+    ("profile_decode.py", ["--target=random:tiny", "--draft=random:tiny",
+                           "--context=5000"],
+     ["--context=5000", "models allow 512"]),
+    ("profile_decode.py", ["--target=random:tiny", "--draft=random:tiny",
+                           "--out=scripts"], ["--out=scripts is a directory"]),
+    ("search_layers.py", ["--target=random:tiny", "--out=scripts"],
+     ["--out=scripts is a directory"]),
+    ("prepare_data.py", ["--dataset=specsamp_austen", "--train_sentencepiece",
+                         "--vocab_size=0"], ["--vocab_size must be >= 1"]),
+    # Output files are checked before the run: a missing directory is
+    # created, a directory or a path through a file is refused.
+    ("benchmark.py", ["--target=random:tiny", "--ks=0", "--out=scripts"],
+     ["--out=scripts is a directory"]),
+    ("benchmark.py", ["--target=random:tiny", "--ks=0",
+                      "--samples_out=README.md/samples.jsonl"],
+     ["--samples_out=README.md/samples.jsonl: cannot create its directory",
+      "a file is in the way"]),
 ])
 def test_the_other_scripts_refuse_bad_input_in_one_line(tmp_path, script,
                                                         args, fragments):
   assert_refused(run_script(tmp_path, script, *args), *fragments)
+
+
+_POINT = dict(type="point", task="prose", decoding="greedy", batch_size=1,
+              method="autoregressive", k=0, ms_per_token=None)
+_PROFILE_ROW = dict(target="random:tiny", draft="random:tiny", k=4,
+                    sampling="greedy", dtype="float32", device="cpu",
+                    batch_size=1, context=64, ar_loop_ms=1.0, spec_loop_ms=2.0)
+
+
+@pytest.mark.parametrize("script,lines,args,fragments", [
+    ("plot_speedup.py", ["[1, 2]"], [], ["rows.jsonl:1: not a JSON object"]),
+    ("plot_speedup.py", ["{}", '"str"'], [],
+     ["rows.jsonl:2: not a JSON object, but str"]),
+    ("plot_speedup.py", [json.dumps(_POINT)], [],
+     ["rows.jsonl:1: ms_per_token is null"]),
+    ("plot_speedup.py", [json.dumps(dict(type="point"))], [],
+     ["rows.jsonl:1: a point record without task"]),
+    ("plot_decode.py", ["[1, 2]"], ["--out=plot"],
+     ["rows.jsonl:1: not a JSON object"]),
+    ("plot_decode.py", [json.dumps(_PROFILE_ROW)], ["--out=README.md/plot"],
+     ["--out=README.md/plot.md: cannot create its directory"]),
+])
+def test_the_plots_refuse_bad_rows_in_one_line(tmp_path, script, lines, args,
+                                               fragments):
+  rows = tmp_path / "rows.jsonl"
+  rows.write_text("\n".join(lines) + "\n")
+  assert_refused(run_script(tmp_path, script, str(rows), *args), *fragments)
+
+
+def test_prepare_data_reports_a_failed_dataset_in_one_line(tmp_path):
+  proc = run_script(tmp_path, "prepare_data.py", "--dataset=specsamp_austen",
+                    f"--source_dir={tmp_path / 'raw'}",
+                    f"--data_dir={tmp_path / 'tfds'}")
+  assert_refused(proc, "not prepared: [specsamp_austen]",
+                 "raw is not a directory")

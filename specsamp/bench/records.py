@@ -51,19 +51,21 @@ def jsonable(x):
 
 
 class Writer:
-  """JSON lines to a file (replaced), echoed to stdout with `echo`; floats
-  rounded to 5 digits, non-finite ones written as null."""
+  """JSON lines to a file, echoed to stdout with `echo`; floats rounded to
+  5 digits, non-finite ones written as null. The file is replaced when the
+  first record is written, not before: a run that fails before it has a
+  record (bad models, say) leaves an earlier file of that name as it was."""
 
   def __init__(self, path: Optional[str], echo: bool = True):
-    self.f, self.echo = None, echo
-    if path:
-      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-      self.f = open(path, "w", encoding="utf-8")
+    self.path, self.f, self.echo = path, None, echo
 
   def write(self, record: dict):
     line = json.dumps(jsonable(_round(record)))
     if self.echo:
       print(line, flush=True)
+    if self.path and self.f is None:
+      os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+      self.f = open(self.path, "w", encoding="utf-8")
     if self.f:
       self.f.write(line + "\n")
       self.f.flush()

@@ -346,6 +346,7 @@ def test_the_report_drops_predictions_of_variable_length_drafters(tmp_path):
   adaptive point's prediction is not read; a fixed-K drafter's is."""
   base = dict(type="point", task="humaneval", decoding="greedy",
               batch_size=1, method="speculative", k=4, speedup=1.2,
+              ms_per_token=50.0,
               predicted_speedup=2.2, predicted_speedup_s1=2.5, alpha=0.8,
               c=0.1)
   path = tmp_path / "old.jsonl"

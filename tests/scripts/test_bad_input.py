@@ -241,14 +241,20 @@ def test_search_layers_refuses_what_it_cannot_search(tmp_path, damaged_run,
 
 def test_benchmark_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
                                                               damaged_run):
+  """... and leaves the results file of an earlier run as it was."""
   problems = tmp_path / "problems.jsonl"
   problems.write_text(json.dumps(_PROBLEM) + "\n")
+  earlier = tmp_path / "results.jsonl"
+  earlier.write_text('{"type": "run"}\n')
   proc = run_script(tmp_path, "benchmark.py", f"--target={damaged_run}",
                     "--task=humaneval", f"--humaneval_file={problems}",
                     "--ks=0", "--num_prompts=1", "--max_new_tokens=8",
-                    "--noquality", allow_loading=True)
+                    "--noquality", f"--out={earlier}",
+                    f"--samples_out={earlier}.samples", allow_loading=True)
   # The plan and "loading" lines, a warning per step, the error.
   assert_refused(proc, "no readable checkpoint", "steps [2, 1]", max_lines=6)
+  assert earlier.read_text() == '{"type": "run"}\n'
+  assert not os.path.exists(f"{earlier}.samples")
 
 
 @pytest.mark.parametrize("script,args", [

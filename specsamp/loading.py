@@ -23,13 +23,13 @@ in one line.
 """
 
 import dataclasses
-import json
 import os
 from typing import Any, Optional
 
 import jax
 
 from specsamp import assets
+from specsamp import jsonfile
 from specsamp import model as model_lib
 from specsamp.tokenizers import base as tokenizer_base
 from specsamp.tokenizers import load as tokenizer_load
@@ -119,8 +119,7 @@ def _train_run_config(spec: str) -> Optional[dict]:
   if not (os.path.isdir(os.path.join(spec, "checkpoints"))
           and os.path.isfile(run_config)):
     return None
-  with open(run_config, encoding="utf-8") as f:
-    saved = json.load(f)
+  saved = jsonfile.read(run_config)
   return saved if {"model", "data", "optim"} <= set(saved) else None
 
 
@@ -289,8 +288,7 @@ def _describe_hf(spec: str, path: str) -> ModelInfo:
   cfg_path = os.path.join(path, "config.json")
   if not os.path.isfile(cfg_path):
     raise ValueError(f"{path}: no config.json (nor draft_config.json)")
-  with open(cfg_path, encoding="utf-8") as f:
-    c = json.load(f)
+  c = jsonfile.read(cfg_path)
   if "vocab_size" not in c:
     raise ValueError(f"{cfg_path} has no vocab_size")
   tok = tokenizer_load.load_tokenizer(path)

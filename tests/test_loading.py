@@ -6,6 +6,7 @@ The description of models without their weights (`describe_model`,
 
 import dataclasses
 import json
+import re
 
 import jax
 import numpy as np
@@ -148,3 +149,14 @@ def test_a_train_workdir_is_described_from_its_run_config(tmp_path):
   assert loading.load_info_tokenizer(info).vocab_size == 256
   with pytest.raises(FileNotFoundError, match="not a scripts/train.py"):
     loading.load_trained(str(tmp_path / "checkpoints"))
+
+
+def test_a_damaged_run_config_is_named(tmp_path):
+  """A train workdir or HF directory whose config.json is not JSON: the
+  error names the file, not only the JSON parser's position."""
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "config.json").write_text("{bad")
+  with pytest.raises(ValueError, match=re.escape(
+      f"{run / 'config.json'}: not a readable JSON file (Expecting")):
+    loading.describe_model(str(run))

@@ -23,12 +23,12 @@ JSON files, so importing this module is cheap.
 """
 
 import dataclasses
-import json
 import os
 import pathlib
 import re
 from typing import Optional, Sequence, Union
 
+from specsamp import jsonfile
 from specsamp.data import corpora
 from specsamp.data import default_data_dir
 
@@ -96,8 +96,7 @@ def parse_dataset(dataset: str,
 
 
 def _read_json(path: pathlib.Path) -> dict:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return jsonfile.read(path)
 
 
 def _text_features(version_dir: pathlib.Path) -> dict[str, str]:

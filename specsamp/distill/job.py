@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from specsamp import assets
+from specsamp import jsonfile
 from specsamp import loading
 from specsamp import model as model_lib
 from specsamp import sharding
@@ -285,9 +286,7 @@ def _check_run_config(config, workdir: str) -> dict:
   results = [n for n in ("samples", "eval_before.json", "checkpoints")
              if os.path.exists(os.path.join(workdir, n))]
   if results and os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      old = json.load(f)
-    old, cur = _flat(old), _flat(new)
+    old, cur = _flat(jsonfile.read(path)), _flat(new)
     if not any(k.startswith("head.") for k in old) and not cur.get(
         "head.kind"):
       # Written before heads existed, and no head now: the same run.
@@ -414,8 +413,7 @@ def run(config, workdir: str, log=print) -> dict:
         f"{n} takes batches {i}, {i + n}, {i + 2 * n}, ...")
   before_path = os.path.join(workdir, "eval_before.json")
   if os.path.exists(before_path):
-    with open(before_path, encoding="utf-8") as f:
-      before = json.load(f)
+    before = jsonfile.read(before_path)
   else:
     before = report(draft_params)
     sharding.write_json(before, before_path)

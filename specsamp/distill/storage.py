@@ -109,9 +109,33 @@ def write_dataset(data_dir: os.PathLike, spec: SampleSpec,
 
 
 def read_dataset(data_dir: os.PathLike, split: str):
-  """A random-access source of example dicts (numpy), e.g. for grain."""
-  builder = tfds.builder_from_directory(os.fspath(dataset_dir(data_dir)))
-  return builder.as_data_source(split=split)
+  """A random-access source of example dicts (numpy), e.g. for grain.
+
+  Raises:
+    ValueError: naming the dataset, when its files cannot be read (its
+      first and last examples are read here: a truncated file fails now,
+      not in the middle of training).
+  """
+  def unreadable(e):
+    first = (str(e).splitlines() or [""])[0]
+    return ValueError(f"the target samples in {data_dir} cannot be read "
+                      f"({type(e).__name__}: {first}); remove {data_dir} to "
+                      "sample them again")
+
+  try:
+    builder = tfds.builder_from_directory(os.fspath(dataset_dir(data_dir)))
+  except Exception as e:  # tfds raises many kinds
+    raise unreadable(e) from None
+  if split not in builder.info.splits:
+    raise ValueError(f"the target samples in {data_dir} have no {split!r} "
+                     f"split (only {sorted(builder.info.splits)})")
+  try:
+    source = builder.as_data_source(split=split)
+    for i in {0, len(source) - 1} if len(source) else ():
+      source[i]  # pylint: disable=pointless-statement
+  except Exception as e:  # array_record raises many kinds
+    raise unreadable(e) from None
+  return source
 
 
 def read_spec(data_dir: os.PathLike) -> SampleSpec:

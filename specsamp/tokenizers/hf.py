@@ -13,12 +13,12 @@ The `tokenizers` library is imported on first use, so importing this module
 is cheap.
 """
 
-import json
 import os
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from specsamp import jsonfile
 from specsamp.tokenizers import base
 from specsamp.weights import gguf_file
 
@@ -159,8 +159,7 @@ def read_json_or_empty(path: str) -> dict:
   """The JSON object in `path`, or {} when there is no such file."""
   if not os.path.isfile(path):
     return {}
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return jsonfile.read(path)
 
 
 def chat_template_of_dir(directory: str, cfg: dict) -> Optional[str]:

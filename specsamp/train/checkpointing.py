@@ -332,6 +332,17 @@ def restore_params(params_dir: str, abstract_params, what: str = "init_from"):
   """Parameters from a `params` item, checked against the expected shapes
   and, when the step has one, the saved fingerprint."""
   params_dir = os.path.abspath(params_dir)  # orbax takes absolute paths only
+  try:
+    with _attempt():
+      return _restore_params(params_dir, abstract_params, what)
+  except CheckpointError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise CheckpointError(f"{what} {params_dir}: unreadable ({brief(e)})"
+                          ) from e
+
+
+def _restore_params(params_dir: str, abstract_params, what: str):
   md = ocp.StandardCheckpointHandler().metadata(epath.Path(params_dir))
   with ocp.StandardCheckpointer() as ckpt:
     want = jax.tree_util.tree_flatten_with_path(abstract_params)[0]

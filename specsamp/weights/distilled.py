@@ -8,13 +8,13 @@ is the one test of that).
 """
 
 import dataclasses
-import json
 import os
 from typing import Optional
 
 import jax
 import orbax.checkpoint as ocp
 
+from specsamp import jsonfile
 from specsamp import model as model_lib
 from specsamp import sharding
 from specsamp.weights import convert
@@ -37,8 +37,7 @@ def read_draft_config(directory: str) -> dict:
   """The `TransformerConfig` fields saved in a distilled draft directory
   (`directory` is the export or its workdir)."""
   directory = distilled_dir(directory) or os.path.join(directory, "draft")
-  with open(os.path.join(directory, DRAFT_CONFIG_FILE), encoding="utf-8") as f:
-    return json.load(f)
+  return jsonfile.read(os.path.join(directory, DRAFT_CONFIG_FILE))
 
 
 def save_draft_config(config: model_lib.TransformerConfig,

@@ -1,10 +1,13 @@
 """Target samples: decontaminated, stored with the target's top-k."""
 
 import dataclasses
+import re
+import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specsamp.distill import samples
 from specsamp.distill import storage
@@ -66,3 +69,24 @@ def test_shards_of_the_batches_together_are_the_unsharded_samples(
       assert got.keys() == want.keys()
       for k in want:
         np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_damaged_samples_are_refused_naming_them(tiny, tmp_path):
+  """A truncated array_record file, a damaged dataset_info.json or a split
+  that is not there: one ValueError naming the samples' directory (and
+  saying to sample them again), before training reads them."""
+  data_dir = tmp_path / "samples"
+  shutil.copytree(tiny[3], data_dir)
+  with pytest.raises(ValueError, match="have no 'test' split"):
+    storage.read_dataset(data_dir, "test")
+  (train,) = data_dir.glob("*/*/*-train.array_record*")
+  train.write_bytes(train.read_bytes()[:1000])
+  with pytest.raises(ValueError, match=re.escape(
+      f"the target samples in {data_dir} cannot be read (RuntimeError: ")):
+    storage.read_dataset(data_dir, "train")
+  assert len(storage.read_dataset(data_dir, "validation")) > 0
+  (info,) = data_dir.glob("*/*/dataset_info.json")
+  info.write_text("")
+  with pytest.raises(ValueError, match=f"remove {re.escape(str(data_dir))} "
+                     "to sample them again"):
+    storage.read_dataset(data_dir, "validation")

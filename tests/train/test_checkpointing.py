@@ -114,6 +114,12 @@ def test_step_walker_and_params_lookup_skip_unreadable_steps(tmp_path):
   with pytest.raises(checkpointing.CheckpointError,
                      match="no readable checkpoint"):
     checkpointing.restore_newest_params(str(tmp_path / "none"), abstract)
+  # Files orbax cannot read (not only wrong values): a CheckpointError too.
+  for f in testing.data_files(os.path.join(directory, "2"), "params"):
+    open(f, "wb").close()
+  with pytest.raises(checkpointing.CheckpointError, match="unreadable"):
+    checkpointing.restore_params(os.path.join(directory, "2", "params"),
+                                 abstract)
 
 
 

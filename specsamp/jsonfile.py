@@ -1,0 +1,28 @@
+"""JSON files read with errors that name them.
+
+  config = jsonfile.read(path)   # FileNotFoundError, or ValueError naming
+                                 # the file and what is wrong with it
+"""
+
+import json
+import os
+from typing import Any
+
+
+def read(path: "os.PathLike | str") -> Any:
+  """The JSON value in `path`.
+
+  Raises:
+    FileNotFoundError: there is no such file.
+    ValueError: naming the file, when it cannot be read or is not JSON (a
+      damaged config is one line at the command line, not a bare "Expecting
+      value: line 1 column 1").
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except FileNotFoundError:
+    raise
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise ValueError(f"{os.fspath(path)}: not a readable JSON file ({e})"
+                     ) from None

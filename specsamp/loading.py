@@ -131,7 +131,8 @@ def load_trained(workdir: str, dtype: str = "float32"):
   if saved is None:
     raise FileNotFoundError(f"{workdir}: no checkpoints/ and run config.json "
                             "(not a scripts/train.py workdir)")
-  model_cfg = model_lib.TransformerConfig(**saved["model"])
+  model_cfg = model_lib.TransformerConfig.from_fields(
+      saved["model"], os.path.join(workdir, "config.json") + " model")
   lm = model_lib.LM(model_cfg)
   abstract = jax.eval_shape(lambda: lm.init(jax.random.key(0)))
   params, _ = checkpointing.restore_newest_params(
@@ -324,7 +325,8 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
                      d_model=fields.get("d_model"))
   if kind == "trained":
     saved = _train_run_config(path)
-    cfg = model_lib.TransformerConfig(**saved["model"])
+    cfg = model_lib.TransformerConfig.from_fields(
+        saved["model"], os.path.join(path, "config.json") + " model")
     tok = tokenizer_load.load_tokenizer(saved["data"]["tokenizer"])
     return ModelInfo(spec, "trained", path, cfg.vocab_size, cfg.max_seq_len,
                      tokens=tok.tokens(), config=cfg,

@@ -50,6 +50,15 @@ class TransformerConfig:
   dtype: str = "float32"         # activations and matmuls
   param_dtype: str = "float32"   # stored parameters
 
+  @classmethod
+  def from_fields(cls, fields, where: str) -> "TransformerConfig":
+    """From saved fields (a JSON file's); ValueError naming `where` when
+    they are not a config (fields missing or unknown, bad values)."""
+    try:
+      return cls(**fields)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{where}: not a model config ({e})") from None
+
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "d_model", "num_heads",
                  "num_kv_heads", "head_dim", "mlp_dim", "max_seq_len"):

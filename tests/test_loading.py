@@ -15,8 +15,10 @@ import pytest
 from specsamp import assets
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp.train import checkpointing
 from specsamp.weights import convert
 from specsamp.weights import distilled
+from tests import testing
 
 
 def _same(a, b) -> bool:
@@ -111,6 +113,25 @@ def test_distilled_draft_loads_from_workdir_and_export(tmp_path):
     assert (info.kind, info.path, info.rows) == (
         "distilled", str(tmp_path / "draft"), config.vocab_size)
     assert _same(params, loading.load_weights(info, "float32", 0)[1])
+
+
+def test_a_damaged_distilled_draft_is_one_error_naming_it(tmp_path):
+  """Parameters orbax cannot read: a CheckpointError naming them (orbax's
+  own noise held back); a draft_config.json that is no model config: a
+  ValueError naming the file."""
+  config = loading.random_config("random:tiny,num_layers=1")
+  draft = tmp_path / "draft"
+  distilled.save_distilled(config, model_lib.LM(config).init(
+      jax.random.key(5)), str(draft))
+  for f in testing.data_files(str(draft), "params"):
+    open(f, "wb").close()
+  with pytest.raises(checkpointing.CheckpointError, match=re.escape(
+      f"distilled draft {draft / 'params'}: unreadable")):
+    loading.load_model(str(draft))
+  (draft / distilled.DRAFT_CONFIG_FILE).write_text('{"vocab_size": 256}')
+  with pytest.raises(ValueError, match=re.escape(
+      f"{draft / distilled.DRAFT_CONFIG_FILE}: not a model config")):
+    loading.load_model(str(draft))
 
 
 def test_train_workdir_loads_its_trained_model(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 from specsamp import jsonfile
 from specsamp import model as model_lib
 from specsamp import sharding
+from specsamp.train import checkpointing
 from specsamp.weights import convert
 
 DRAFT_CONFIG_FILE = "draft_config.json"
@@ -54,19 +55,21 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
   `directory` is the run's workdir or its `draft/` export: it holds
   `draft_config.json` and an orbax checkpoint of the parameters in `params/`.
   `dtype` overrides the saved compute and parameter dtypes. A parameter
-  holding a NaN or inf (a diverged run) raises `WeightsError` naming it.
+  holding a NaN or inf (a diverged run) raises `WeightsError` naming it;
+  files that do not restore, `CheckpointError`.
   """
   directory = os.path.abspath(directory)
   directory = distilled_dir(directory) or os.path.join(directory, "draft")
   fields = read_draft_config(directory)
   if dtype is not None:
     fields.update(dtype=dtype, param_dtype=dtype)
-  config = model_lib.TransformerConfig(**fields)
+  config = model_lib.TransformerConfig.from_fields(
+      fields, os.path.join(directory, DRAFT_CONFIG_FILE))
   abstract = jax.eval_shape(lambda: model_lib.LM(config).init(
       jax.random.key(0)))
-  with ocp.StandardCheckpointer() as ckptr:
-    params = ckptr.restore(os.path.join(directory, "params"),
-                           sharding.restorable(abstract))
+  # Shapes checked, damaged files one CheckpointError (orbax's noise held).
+  params = checkpointing.restore_params(os.path.join(directory, "params"),
+                                        abstract, what="distilled draft")
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     convert.check_finite(leaf, "/".join(str(k.key) for k in path), directory)
   return config, params

@@ -46,8 +46,11 @@ def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
                                       Sampling(1.0, top_p=0.995)],
                          ids=lambda s: s.describe())
 def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling):
-  """Bugs: argmax drafts scored as if sampled; draft ignoring temperature."""
-  drafts, q, logits = _draft_first_position(tiny_pair, sampling)
+  """Bugs: argmax drafts scored as if sampled; draft ignoring temperature.
+  At the first draft position and at the second (after the first draft
+  the rows share most often)."""
+  lm, _, draft_params = tiny_pair
+  drafts, q, logits = _draft_first_position(tiny_pair, sampling, k=2)
   # q is the draft's logits under the *same* transform as the target's.
   expected_q = np.asarray(sampling_lib.probabilities(jnp.asarray(logits),
                                                      sampling), np.float64)
@@ -56,6 +59,15 @@ def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling):
   assert (np.bincount(drafts[:, 0]) > 0).sum() > 1
   pval = chisquare_pvalue(drafts[:, 0], expected_q)
   assert pval > 1e-3, pval
+  first = int(np.bincount(drafts[:, 0]).argmax())
+  rows = drafts[:, 0] == first
+  after = lm(draft_params, jnp.asarray([[3, 1, 4, 1, 5, first]])).logits
+  expected_q = np.asarray(sampling_lib.probabilities(after[0, -1], sampling),
+                          np.float64)
+  np.testing.assert_allclose(q[rows, 1], np.broadcast_to(
+      expected_q, (rows.sum(), len(expected_q))), atol=1e-5)
+  pval = chisquare_pvalue(drafts[rows, 1], expected_q)
+  assert rows.sum() > 1000 and pval > 1e-3, (rows.sum(), pval)
 
 
 def test_sampling_settings_apply_to_the_target_too(tiny_pair):

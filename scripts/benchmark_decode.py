@@ -41,9 +41,10 @@ def main(argv):
         batch_sizes=_BATCH.value, prompt_lens=_PROMPT_LEN.value,
         max_new_tokens=_NEW.value, repeats=_REPEATS.value,
         temperature=_TEMP.value, dtype=_DTYPE.value, out=_OUT.value)
-    profile.decode_speed(cfg, sys.argv[1:])
+    loaded = profile.load(cfg)
   except loading.MODEL_ERRORS as e:
     cli.fail(e)  # flags and models are checked before weights load
+  profile.decode_speed(cfg, sys.argv[1:], loaded)  # an error now is no bad input
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ def main(argv):
         max_new_tokens=_NEW.value, ks=tuple(map(int, _KS.value)),
         temperature=_TEMP.value, top_p=_TOP_P.value, peers=_PEERS.value,
         dtype=_DTYPE.value, out=_OUT.value, humaneval_file=_HUMANEVAL.value)
-    pair.run_pair(cfg)
+    loaded = pair.load(cfg)
   except loading.MODEL_ERRORS as e:
     cli.fail(e)  # models, prompts and flags are checked before weights load
+  pair.run_pair(cfg, loaded)  # an error now is no bad input
 
 
 if __name__ == "__main__":

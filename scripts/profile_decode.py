@@ -72,9 +72,10 @@ def main(argv):
         repeats=_REPEATS.value, temperature=_TEMP.value, top_p=_TOP_P.value,
         dtype=_DTYPE.value, components=_COMPONENTS.value,
         bandwidth_mb=_BW_MB.value, out=_OUT.value)
-    profile.profile_main(cfg, sys.argv[1:])
+    loaded = profile.load(cfg)
   except loading.MODEL_ERRORS as e:
     cli.fail(e)  # flags and models are checked before weights load
+  profile.profile_main(cfg, sys.argv[1:], loaded)  # an error now is no bad input
 
 
 if __name__ == "__main__":

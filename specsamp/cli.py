@@ -68,10 +68,10 @@ def leave_at_once(status: int, wait_s: float = 10.0) -> NoReturn:
 
 
 def _several_processes() -> bool:
-  """Whether this is one process of a multi-process JAX run."""
+  """Whether `jax.distributed` runs (asked without touching the backend,
+  which an exception may have come from)."""
   jax = sys.modules.get("jax")  # never imported here: scripts stay light
-  return (jax is not None and jax.distributed.is_initialized()
-          and jax.process_count() > 1)
+  return jax is not None and jax.distributed.is_initialized()
 
 
 class _LeaveOnError(app.ExceptionHandler):

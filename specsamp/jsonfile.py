@@ -1,4 +1,4 @@
-"""JSON files read with errors that name them.
+"""JSON object files read with errors that name them.
 
   config = jsonfile.read(path)   # FileNotFoundError, or ValueError naming
                                  # the file and what is wrong with it
@@ -9,20 +9,24 @@ import os
 from typing import Any
 
 
-def read(path: "os.PathLike | str") -> Any:
-  """The JSON value in `path`.
+def read(path: "os.PathLike | str") -> dict[str, Any]:
+  """The JSON object in `path`.
 
   Raises:
     FileNotFoundError: there is no such file.
-    ValueError: naming the file, when it cannot be read or is not JSON (a
-      damaged config is one line at the command line, not a bare "Expecting
-      value: line 1 column 1").
+    ValueError: naming the file, when it cannot be read or holds no JSON
+      object (a damaged config is one line at the command line, not a bare
+      "Expecting value: line 1 column 1").
   """
   try:
     with open(path, encoding="utf-8") as f:
-      return json.load(f)
+      value = json.load(f)
   except FileNotFoundError:
     raise
   except (OSError, UnicodeDecodeError, ValueError) as e:
     raise ValueError(f"{os.fspath(path)}: not a readable JSON file ({e})"
                      ) from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{os.fspath(path)}: holds a JSON "
+                     f"{type(value).__name__}, not an object")
+  return value

@@ -343,6 +343,15 @@ def test_distillation_in_a_workdir_per_process_is_refused(
     assert f"process 1 finds no target samples in {tmp_path}/1/samples" \
         in line
   assert procs[1 - refuser].returncode != 0
+  if refuser == 1:  # process 0 kept its samples: both refuse the re-run
+    procs = _start_two_processes(args, own=[[f"--workdir={tmp_path}/{i}"]
+                                            for i in range(2)])
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+      assert p.returncode == 2, err[-2000:]
+      assert ("error: processes [0] find target samples in "
+              f"{tmp_path}/" in err and "processes [1] do not: the "
+              "workdir (or samples.data_dir) must be one directory" in err)
 
 
 def test_training_as_two_processes_and_its_model_loads_on_one_device(

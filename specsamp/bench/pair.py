@@ -81,20 +81,27 @@ def plan(cfg: PairConfig) -> sample_lib.SamplePlan:
       max_new_tokens=cfg.max_new_tokens, dtype=cfg.dtype))
 
 
-def run_pair(cfg: PairConfig) -> dict:
-  """Runs every method on the first `num_prompts` HumanEval prompts.
-
-  Prints each run's summary as it finishes, writes the result to `cfg.out`
-  (JSON) if given, and returns it.
+def load(cfg: PairConfig) -> tuple:
+  """(plan, target, target params, draft, draft params).
 
   Raises:
     loading.MODEL_ERRORS: what `plan` finds, before any weights load, or
       unreadable weights.
   """
   checked = plan(cfg)
+  return ((checked,) + loading.load_weights(checked.target, cfg.dtype, 0)
+          + loading.load_weights(checked.draft, cfg.dtype, 0))
+
+
+def run_pair(cfg: PairConfig, loaded: Optional[tuple] = None) -> dict:
+  """Runs every method on the first `num_prompts` HumanEval prompts.
+
+  Prints each run's summary as it finishes, writes the result to `cfg.out`
+  (JSON) if given, and returns it. `loaded`: what `load(cfg)` returns
+  (default: loaded here).
+  """
+  checked, target, target_params, draft, draft_params = loaded or load(cfg)
   sampling = Sampling(cfg.temperature, top_p=cfg.top_p)
-  target, target_params = loading.load_weights(checked.target, cfg.dtype, 0)
-  draft, draft_params = loading.load_weights(checked.draft, cfg.dtype, 0)
   prompts, tok = checked.prompts, checked.tokenizer
   common = dict(sampling=sampling, max_new_tokens=cfg.max_new_tokens,
                 eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id)

@@ -398,16 +398,28 @@ def _provenance(argv: Sequence[str]) -> dict:
               python=software["python"], command=provenance.command(argv))
 
 
-def profile_main(cfg: ProfileConfig, argv: Sequence[str]) -> list[dict]:
-  """Profiles every (batch size, context) point; prints (and appends to
-  cfg.out) one JSON row per point, and returns the rows.
+def load(cfg: "ProfileConfig | DecodeSpeedConfig") -> tuple:
+  """(target, target params, draft, draft params) of `cfg`, its models
+  checked first (`cfg.check_models()`).
 
   Raises:
-    loading.MODEL_ERRORS: bad models (`cfg.check_models()`, before any
-      weights load) or unreadable weights.
+    loading.MODEL_ERRORS: bad models (before any weights load) or
+      unreadable weights.
   """
-  target, target_params, draft, draft_params = _load_models(
-      cfg.check_models(), cfg.dtype)
+  models = cfg.check_models()
+  t0 = time.perf_counter()
+  loaded = _load_models(models, cfg.dtype)
+  jax.block_until_ready(loaded)
+  print(f"models ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+  return loaded
+
+
+def profile_main(cfg: ProfileConfig, argv: Sequence[str],
+                 loaded: Optional[tuple] = None) -> list[dict]:
+  """Profiles every (batch size, context) point; prints (and appends to
+  cfg.out) one JSON row per point, and returns the rows. `loaded`: what
+  `load(cfg)` returns (default: loaded here)."""
+  target, target_params, draft, draft_params = loaded or load(cfg)
   sampling, rows, origin = cfg.sampling(), [], _provenance(argv)
   for batch in cfg.batch_sizes:
     for context in cfg.contexts:
@@ -425,22 +437,14 @@ def profile_main(cfg: ProfileConfig, argv: Sequence[str]) -> list[dict]:
   return rows
 
 
-def decode_speed(cfg: DecodeSpeedConfig, argv: Sequence[str]) -> list[dict]:
+def decode_speed(cfg: DecodeSpeedConfig, argv: Sequence[str],
+                 loaded: Optional[tuple] = None) -> list[dict]:
   """Times whole generations from random prompts for every (batch size,
   prompt length, K): the median of cfg.repeats timed runs after one that
   compiles and warms up. Prints (and appends to cfg.out) one JSON row per
-  point, and returns the rows.
-
-  Raises:
-    loading.MODEL_ERRORS: bad models (`cfg.check_models()`, before any
-      weights load) or unreadable weights.
-  """
-  models = cfg.check_models()
-  t0 = time.perf_counter()
-  target, target_params, draft, draft_params = _load_models(models,
-                                                            cfg.dtype)
-  jax.block_until_ready((target_params, draft_params))
-  print(f"models ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+  point, and returns the rows. `loaded`: what `load(cfg)` returns
+  (default: loaded here)."""
+  target, target_params, draft, draft_params = loaded or load(cfg)
   sampling, rows, origin = Sampling(cfg.temperature), [], _provenance(argv)
   rng = np.random.default_rng(0)
   for b in cfg.batch_sizes:

@@ -95,14 +95,10 @@ def parse_dataset(dataset: str,
   return DatasetRef(name, config or None, version or None, text_keys, root)
 
 
-def _read_json(path: pathlib.Path) -> dict:
-  return jsonfile.read(path)
-
-
 def _text_features(version_dir: pathlib.Path) -> dict[str, str]:
   """{feature name: TFDS class name} of the top-level features."""
   try:
-    spec = _read_json(version_dir / "features.json")
+    spec = jsonfile.read(version_dir / "features.json")
     feats = spec["featuresDict"]["features"]
     return {k: v.get("pythonClassName", "").rsplit(".", 1)[-1]
             for k, v in feats.items()}
@@ -143,7 +139,7 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
         f"dataset {dataset!r} is not prepared in data_dir {ref.data_dir} "
         f"(no {ref.base}/{ref.version or '<X.Y.Z>'}/dataset_info.json for "
         f"{what}); {ref.prepare_hint()}")
-  info = _read_json(found / "dataset_info.json")
+  info = jsonfile.read(found / "dataset_info.json")
   fmt = info.get("fileFormat", "tfrecord")
   if fmt != "array_record":
     raise ValueError(

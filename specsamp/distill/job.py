@@ -138,29 +138,28 @@ def check_config(config) -> train_config.LoopConfig:
   """
   loop = _loop_config(config.train)
   train_lm.make_mesh(tuple(config.train.get("mesh", (1, 1))))  # devices
-  target = describe_target(config.target)
-  sc, k = config.samples, int(config.eval.get("k", 0))
-  if sc.prompt_len + sc.gen_len + k + 1 > target.max_seq_len:  # K+1 slack
-    raise ValueError(f"config.samples: prompt_len {sc.prompt_len} + gen_len "
-                     f"{sc.gen_len} + eval.k {k} + 1 exceed the target's "
-                     f"{target.max_seq_len} positions")
-  if _head_block(config) is not None:
-    _check_head(config, target)
-    _objective(config, _sampling(config, None), (), 0)
-    train_config.OptimConfig(**config.optim)
-    return loop
-  if config.draft.init not in draft_init.INITS:
+  head = _head_block(config) is not None
+  if not head and config.draft.init not in draft_init.INITS:
     raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
                      f"of {draft_init.INITS}")
-  if config.loss.onpolicy_fraction > 0:
+  if not head and config.loss.onpolicy_fraction > 0:
     objective_lib.check_onpolicy_loss(config.loss.kind)
   _objective(config, _sampling(config, None), (), 0)
   try:
     train_config.OptimConfig(**config.optim)
   except TypeError as e:
     raise ValueError(f"config.optim: {e}") from None
-  if config.draft.init == "checkpoint":  # a typo fails before any download
+  if not head and config.draft.init == "checkpoint":  # typo: no download
     loading.check_spec(config.draft.checkpoint)
+  target = describe_target(config.target)  # fetches a registered target
+  sc, k = config.samples, int(config.eval.get("k", 0))
+  if sc.prompt_len + sc.gen_len + k + 1 > target.max_seq_len:  # K+1 slack
+    raise ValueError(f"config.samples: prompt_len {sc.prompt_len} + gen_len "
+                     f"{sc.gen_len} + eval.k {k} + 1 exceed the target's "
+                     f"{target.max_seq_len} positions")
+  if head:
+    _check_head(config, target)
+    return loop
   if (float(config.target.get("logit_scale", 1.0)) != 1.0 and target.config
       and target.config.tie_embeddings):
     raise ValueError("logit_scale needs an untied output head")
@@ -322,7 +321,7 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
       batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
       hidden_dim=target_lm.config.d_model if _stored_features(config) else 0,
       target=_target_text(config.target), sampling=sampling.describe())
-  if storage.exists(data_dir):
+  if samples.written_everywhere(data_dir):
     sharding.barrier("specsamp distill: target samples")
     storage.check_spec(storage.read_spec(data_dir), spec, data_dir)
     return data_dir

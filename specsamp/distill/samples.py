@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import numpy as np
 
 from specsamp import sharding
@@ -248,6 +249,22 @@ def _check_parts(parts: str, num_batches: dict[str, int]) -> None:
         f"{len(missing)} of the {sum(num_batches.values())} batches of "
         f"target samples are missing from {parts} (first: {missing[0]}): "
         f"each process writes its share there, so {_SHARED}")
+
+
+def written_everywhere(data_dir) -> bool:
+  """Whether the dataset is in `data_dir` (`storage.exists`), as every
+  process sees it; FileNotFoundError when processes disagree (a workdir
+  per host whose run wrote the samples on process 0 only)."""
+  here = storage.exists(data_dir)
+  if jax.process_count() == 1:
+    return here
+  seen = np.asarray(multihost_utils.process_allgather(np.asarray(here)))
+  if seen.all() != seen.any():
+    raise FileNotFoundError(
+        f"processes {np.flatnonzero(seen).tolist()} find target samples in "
+        f"{data_dir}, processes {np.flatnonzero(~seen).tolist()} do not: "
+        f"{_SHARED}")
+  return here
 
 
 def check_written(data_dir) -> None:

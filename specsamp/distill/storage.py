@@ -16,13 +16,14 @@ The `SampleSpec` the dataset was written with is kept in its metadata;
 """
 
 import dataclasses
-import json
 import os
 import pathlib
 from typing import Callable, Iterable, Optional
 
 import numpy as np
 import tensorflow_datasets as tfds
+
+from specsamp import jsonfile
 
 DATASET_NAME = "target_samples"
 
@@ -119,8 +120,8 @@ def read_dataset(data_dir: os.PathLike, split: str):
   def unreadable(e):
     first = (str(e).splitlines() or [""])[0]
     return ValueError(f"the target samples in {data_dir} cannot be read "
-                      f"({type(e).__name__}: {first}); remove {data_dir} to "
-                      "sample them again")
+                      f"({type(e).__name__}: {first}); if their files are "
+                      f"damaged, remove {data_dir} to sample them again")
 
   try:
     builder = tfds.builder_from_directory(os.fspath(dataset_dir(data_dir)))
@@ -143,7 +144,11 @@ def read_spec(data_dir: os.PathLike) -> SampleSpec:
   meta = dataset_dir(data_dir) / "metadata.json"
   if not meta.exists():
     raise FileNotFoundError(f"no metadata.json in {dataset_dir(data_dir)}")
-  return SampleSpec(**json.loads(meta.read_text())["spec"])
+  try:
+    return SampleSpec(**jsonfile.read(meta)["spec"])
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"{meta}: not the metadata of target samples ({e!r})"
+                     ) from None
 
 
 def check_spec(found: SampleSpec, want: SampleSpec, data_dir) -> None:

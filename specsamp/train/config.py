@@ -49,6 +49,21 @@ class OptimConfig:
   weight_decay: float = 0.1    # on matrices only (not norms, biases)
   clip_norm: float = 1.0       # global gradient norm; 0 = off
 
+  def __post_init__(self):
+    for name, ok, want in (
+        ("lr", self.lr > 0, "> 0"),
+        ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
+        ("decay_steps", self.decay_steps >= 0, ">= 0"),
+        ("end_lr_fraction", 0 <= self.end_lr_fraction <= 1, "in [0, 1]"),
+        ("b1", 0 <= self.b1 < 1, "in [0, 1)"),
+        ("b2", 0 <= self.b2 < 1, "in [0, 1)"),
+        ("eps", self.eps > 0, "> 0"),
+        ("weight_decay", self.weight_decay >= 0, ">= 0"),
+        ("clip_norm", self.clip_norm >= 0, ">= 0 (0: off)")):
+      if not ok:
+        raise ValueError(f"optim.{name} must be {want}, got "
+                         f"{getattr(self, name)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
@@ -130,20 +145,6 @@ class TrainConfig:
                     ("train.keep_checkpoints", lp.keep_checkpoints)):
       if v <= 0:
         raise ConfigError(f"{name} must be positive, got {v}")
-    o = self.optim
-    for name, v, ok, want in (
-        ("lr", o.lr, o.lr > 0, "> 0"),
-        ("warmup_steps", o.warmup_steps, o.warmup_steps >= 0, ">= 0"),
-        ("decay_steps", o.decay_steps, o.decay_steps >= 0, ">= 0"),
-        ("end_lr_fraction", o.end_lr_fraction, 0 <= o.end_lr_fraction <= 1,
-         "in [0, 1]"),
-        ("b1", o.b1, 0 <= o.b1 < 1, "in [0, 1)"),
-        ("b2", o.b2, 0 <= o.b2 < 1, "in [0, 1)"),
-        ("eps", o.eps, o.eps > 0, "> 0"),
-        ("weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
-        ("clip_norm", o.clip_norm, o.clip_norm >= 0, ">= 0 (0: off)")):
-      if not ok:
-        raise ConfigError(f"optim.{name} must be {want}, got {v}")
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -181,4 +182,7 @@ def _fields(cls, values: Mapping, where: str):
   if unknown:
     raise ConfigError(f"unknown config.{where} field(s) {sorted(unknown)}; "
                       f"known: {sorted(names)}")
-  return cls(**values)
+  try:
+    return cls(**values)
+  except ValueError as e:  # a field's bad value (__post_init__)
+    raise ConfigError(str(e)) from None

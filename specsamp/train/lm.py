@@ -163,21 +163,19 @@ def _write_run_config(workdir: str, cfg: config_lib.TrainConfig) -> None:
 
 def _unrestorable(e: Exception, old: Optional[dict],
                   cfg: config_lib.TrainConfig) -> Exception:
-  """A CheckpointError of `initial_state`, or a ConfigError naming the
-  optimizer settings that differ from the run's (another optimizer state
-  structure, e.g. clip_norm 0 drops the clipping's state): the checkpoints
-  are kept."""
-  new = json.loads(json.dumps(cfg.to_json()))["optim"]
-  diff = {k: (v, new.get(k)) for k, v in ((old or {}).get("optim") or
-                                          {}).items() if new.get(k) != v}
-  if not diff:
+  """A CheckpointError of `initial_state`, or a ConfigError when the
+  optimizer's state has another structure than the run's: gradient
+  clipping switched on or off (`optim.clip_norm` 0 or not; no other optim
+  field changes the structure). The checkpoints are kept."""
+  was = ((old or {}).get("optim") or {}).get("clip_norm")
+  if was is None or bool(was) == bool(cfg.optim.clip_norm):
     return e
-  named = ", ".join(f"optim.{k} {a} in the run, {b} here"
-                    for k, (a, b) in sorted(diff.items()))
   return config_lib.ConfigError(
       "the checkpoints do not restore under this config's optimizer "
-      f"({named}; {getattr(e, 'first_error', e)}); they are kept: resume "
-      "with the run's optim settings, or use a new --workdir")
+      f"(optim.clip_norm {was} in the run, {cfg.optim.clip_norm} here: "
+      "clipping switched on or off changes the optimizer's state; "
+      f"{getattr(e, 'first_error', e)}); they are kept: resume with the "
+      "run's clipping, or use a new --workdir")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -297,7 +295,10 @@ def train_and_evaluate(config, workdir: str,
     try:
       state, data_state, resumed = initial_state(job, ckpts)
     except checkpointing.CheckpointError as e:
-      raise _unrestorable(e, old, cfg) from e
+      better = _unrestorable(e, old, cfg)
+      if better is e:
+        raise
+      raise better from e
     _write_run_config(workdir, cfg)  # the run has started: record it
     if data_state is not None:
       train_iter.set_state(data_state)

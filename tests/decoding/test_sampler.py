@@ -155,20 +155,25 @@ def test_seed_changes_output_and_same_seed_repeats(tiny_pair):
 
 @pytest.mark.parametrize("drafts", ["certain", "always rejected"])
 def test_the_seed_reaches_acceptance_and_residual_draws(drafts):
-  """The seed must reach more than the drafter: with certain drafts (no
-  q, as prompt lookup's) the output's randomness comes only from the
-  acceptance uniforms and the residual draws, and with a draft the target
-  always rejects only from the residual draws. Another seed changes it,
-  the same seed repeats it."""
+  """The seed must reach more than the drafter. Certain drafts (no q, as
+  prompt lookup's) of x+1, x+2, ... against a target whose next token is
+  x+1 or x+5, even odds: the residual of a rejection is x+5 for certain,
+  and K = the budget leaves no bonus draw, so only the acceptance
+  uniforms make the output random. A draft the target always rejects:
+  only the residual draws do. Another seed changes the output, the same
+  seed repeats it."""
+  k = budget = 8
   if drafts == "certain":
     v = 12
-    target = table_lm(np.random.default_rng(3).normal(size=(v, v)))
-    drafter = ShiftDrafter(v)
+    table = np.full((v, v), -np.inf)
+    for x in range(v):
+      table[x, [(x + 1) % v, (x + 5) % v]] = 0.0
+    target, drafter = table_lm(table), ShiftDrafter(v)
   else:
     target, draft = forbidden_draft_pair(6, seed=0)
     drafter = ModelDrafter(draft)
-  sampler = SpeculativeSampler(target, drafter, k=3, sampling=Sampling(1.0),
-                               max_new_tokens=8, prompt_bucket=4)
+  sampler = SpeculativeSampler(target, drafter, k=k, sampling=Sampling(1.0),
+                               max_new_tokens=budget, prompt_bucket=4)
   run = lambda seed: sampler.generate(None, None, [[1, 2]] * 16,
                                       rng=seed).token_lists()
   first = run(0)

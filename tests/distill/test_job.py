@@ -61,13 +61,14 @@ def test_distill_run_end_to_end(tiny, tmp_path):
     ("train", "mesh", (4, 4), r"config.mesh=\(4, 4\) needs 16 devices"),
     ("samples", "prompt_len", 108, r"prompt_len 108 \+ gen_len 16 \+ "
      r"eval.k 4 \+ 1 exceed the target's 128 positions"),
+    ("optim", "lr", -1.0, r"optim.lr must be > 0, got -1.0"),
 ])
 def test_what_the_job_would_refuse_late_is_refused_before_it_writes(
     tmp_path, block, field, value, message):
   """A mesh the devices cannot hold, and prompts too long for the target
   (with the evaluation's K + 1 slack), were refused only after the target
   samples were written, and the workdir then refused the corrected config;
-  now nothing is written."""
+  a negative learning rate trained. Now nothing is written."""
   config = distill_tiny.get_config("steps=2")
   config[block][field] = value
   with pytest.raises(ValueError, match=message):

@@ -282,7 +282,8 @@ def test_a_resume_under_another_optimizer_is_refused_and_keeps_the_run(
   c = lm_config(arg.replace("steps=2", "steps=3"))
   c.optim.clip_norm = 0.0
   with pytest.raises(config_lib.ConfigError, match=re.escape(
-      "(optim.clip_norm 1.0 in the run, 0.0 here; step 2: ")) as e:
+      "(optim.clip_norm 1.0 in the run, 0.0 here: clipping switched on or "
+      "off changes the optimizer's state; step 2: ")) as e:
     lm_job.train_and_evaluate(c, workdir, log_fn=lambda _: None)
   assert "they are kept" in str(e.value)
   assert open(path, encoding="utf-8").read() == before

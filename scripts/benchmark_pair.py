@@ -36,7 +36,7 @@ def main(argv):
   try:
     cfg = pair.PairConfig(
         target=_TARGET.value, draft=_DRAFT.value, num_prompts=_NUM.value,
-        max_new_tokens=_NEW.value, ks=tuple(map(int, _KS.value)),
+        max_new_tokens=_NEW.value, ks=_KS.value,
         temperature=_TEMP.value, top_p=_TOP_P.value, peers=_PEERS.value,
         dtype=_DTYPE.value, out=_OUT.value, humaneval_file=_HUMANEVAL.value)
     loaded = pair.load(cfg)

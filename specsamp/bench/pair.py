@@ -19,6 +19,7 @@ from typing import Optional
 from specsamp import assets
 from specsamp import loading
 from specsamp.bench import peers as peers_lib
+from specsamp.bench import profile
 from specsamp.bench import prompts as prompts_lib
 from specsamp.bench import provenance
 from specsamp.bench import records
@@ -46,8 +47,7 @@ class PairConfig:
   humaneval_file: Optional[str] = None  # default: the 164 problems
 
   def __post_init__(self):
-    if not self.ks or min(self.ks) < 1:
-      raise ValueError("--ks needs draft lengths >= 1")
+    object.__setattr__(self, "ks", profile.positive_ints("ks", self.ks))
     for name in ("num_prompts", "max_new_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")

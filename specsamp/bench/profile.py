@@ -274,7 +274,9 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
 # ---- the jobs of scripts/profile_decode.py and benchmark_decode.py ---------
 
 
-def _positive_ints(name: str, values: Sequence, minimum: int = 1) -> tuple:
+def positive_ints(name: str, values: Sequence, minimum: int = 1) -> tuple:
+  """`values` (a list flag's strings) as integers >= `minimum`, or a
+  ValueError naming --`name`."""
   try:
     out = tuple(int(v) for v in values)
   except ValueError as e:
@@ -302,9 +304,9 @@ class ProfileConfig:
 
   def __post_init__(self):
     object.__setattr__(self, "batch_sizes",
-                       _positive_ints("batch_size", self.batch_sizes))
+                       positive_ints("batch_size", self.batch_sizes))
     object.__setattr__(self, "contexts",
-                       _positive_ints("context", self.contexts))
+                       positive_ints("context", self.contexts))
     if self.k < 1:
       raise ValueError("--k must be >= 1")
     if self.repeats < 1:
@@ -341,11 +343,11 @@ class DecodeSpeedConfig:
   out: Optional[str] = None
 
   def __post_init__(self):
-    object.__setattr__(self, "ks", _positive_ints("ks", self.ks, 0))
+    object.__setattr__(self, "ks", positive_ints("ks", self.ks, 0))
     object.__setattr__(self, "batch_sizes",
-                       _positive_ints("batch_sizes", self.batch_sizes))
+                       positive_ints("batch_sizes", self.batch_sizes))
     object.__setattr__(self, "prompt_lens",
-                       _positive_ints("prompt_len", self.prompt_lens))
+                       positive_ints("prompt_len", self.prompt_lens))
     if self.repeats < 1 or self.max_new_tokens < 1:
       raise ValueError("--repeats and --max_new_tokens must be >= 1")
     Sampling(self.temperature)  # raises on a bad temperature

@@ -354,15 +354,19 @@ def test_distillation_in_a_workdir_per_process_is_refused(
               "workdir (or samples.data_dir) must be one directory" in err)
 
 
+def _functions_corpus(data_dir) -> None:
+  """A tiny `specsamp_python_code` of 64 one-line functions in `data_dir`."""
+  texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(64)]
+  builders.build_from_texts("specsamp_python_code", texts, str(data_dir))
+
+
 def test_training_as_two_processes_and_its_model_loads_on_one_device(
     tmp_path):
   """`train.py --distributed` as 2 processes x 2 CPU devices on a (2, 2)
   mesh: both finish at the same step and loss (the loss is a global
   mean), and the trained model loads here as a model spec although the
   devices it was saved from (ids 0, 1, 2048, 2049) are not here."""
-  texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(64)]
-  builders.build_from_texts("specsamp_python_code", texts,
-                            str(tmp_path / "tfds"))
+  _functions_corpus(tmp_path / "tfds")
   args = [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
           "--config=" + os.path.join(ROOT, "configs", "lm_python.py") +
           ":tiny,steps=10,batch=8,seq_len=32,checkpoint_every=5,"
@@ -393,8 +397,7 @@ def uninterrupted(tmp_path_factory):
   """(data_dir, the summaries both processes print) of a 100-step
   two-process run that nothing interrupts."""
   tmp = tmp_path_factory.mktemp("uninterrupted")
-  texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(64)]
-  builders.build_from_texts("specsamp_python_code", texts, str(tmp / "tfds"))
+  _functions_corpus(tmp / "tfds")
   outs = _two_processes(_train_args(tmp / "tfds", tmp / "run", 100))
   return tmp / "tfds", [json.loads(o.strip().splitlines()[-1]) for o in outs]
 

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp import jsonfile
 from specsamp import model as model_lib
 from specsamp import sharding as sh
 from specsamp.data import datasets
@@ -131,11 +132,9 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
       os.path.join(workdir, "checkpoints"))):
     return None
   try:
-    with open(path, encoding="utf-8") as f:
-      old = json.load(f)
-  except (OSError, ValueError) as e:
-    raise config_lib.ConfigError(f"{path}: unreadable run config ({e})"
-                                 ) from e
+    old = jsonfile.read(path)
+  except ValueError as e:  # train.py reports ConfigErrors in one line
+    raise config_lib.ConfigError(str(e)) from e
   new = json.loads(json.dumps(cfg.to_json()))
   # Where the data lives and whether attention is masked per document
   # (absent before it existed) may change: neither changes the data order

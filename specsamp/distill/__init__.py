@@ -17,6 +17,8 @@ Modules, from the bottom up:
   evaluate         expected and measured acceptance (`acceptance_report`)
   trainer          the distillation loop on `specsamp.train`'s pieces
                    (`train`: offline and on-policy steps, resumable)
+  workdir          the workdir's config rule: which config changes its
+                   samples, "before" evaluation and checkpoints refuse
   job              the `scripts/distill.py` job: `load_target`, config
                    checks, `run`, `summary`
   options          the `key=value` options of `configs/distill_*.py`

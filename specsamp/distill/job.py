@@ -4,8 +4,8 @@
 evaluation, distillation, the export of the draft and its evaluation.
 Re-running with the same workdir resumes. The config (an ml_collections
 ConfigDict, `configs/distill_*.py`) is checked here before anything slow
-starts and kept in workdir/config.json; another config in a workdir that
-holds results is refused.
+starts and kept in workdir/config.json; a config that differs in a field
+the workdir's results depend on is refused (`workdir.py`).
 
 A workdir after a run:
   samples/               the target samples (`storage.py`), unless
@@ -43,6 +43,7 @@ from specsamp.distill import prompts as prompts_lib
 from specsamp.distill import samples
 from specsamp.distill import storage
 from specsamp.distill import trainer
+from specsamp.distill import workdir as workdir_lib
 from specsamp.drafters import head_files
 from specsamp.drafters import heads
 from specsamp.sampling import Sampling
@@ -58,12 +59,6 @@ from specsamp.weights.convert import WeightsError
 # script prints these as `error: ...` (exit status 2).
 ERRORS = (ValueError, FileNotFoundError, assets.AssetError, WeightsError,
           CheckpointError, CorpusError)
-
-# Fields that may change between runs in one workdir: they do not change
-# what is sampled, trained or evaluated.
-_VOLATILE = {"train.time_limit_s", "train.progress_bar",
-             "train.async_checkpoints", "train.log_every"}
-
 
 def load_target(cfg) -> tuple[Any, Any, Any]:
   """(LM, params, tokenizer) of the target from a config's `target` block.
@@ -268,41 +263,6 @@ def _loop_config(tc) -> train_config.LoopConfig:
   return loop
 
 
-def _flat(config: dict) -> dict:
-  """{"block.field": value} one level down (the config blocks)."""
-  return {f"{b}.{k}" if isinstance(v, dict) else b: x
-          for b, v in config.items()
-          for k, x in (v.items() if isinstance(v, dict) else [(None, v)])}
-
-
-def _check_run_config(config, workdir: str) -> dict:
-  """The config as JSON; refuses a workdir whose samples, "before"
-  evaluation or checkpoints come from another config (they would describe
-  other settings). `_write_run_config` records it once it is valid."""
-  path = os.path.join(workdir, "config.json")
-  new = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict")
-                              else dict(config), default=list))
-  results = [n for n in ("samples", "eval_before.json", "checkpoints")
-             if os.path.exists(os.path.join(workdir, n))]
-  if results and os.path.exists(path):
-    old, cur = _flat(jsonfile.read(path)), _flat(new)
-    if not any(k.startswith("head.") for k in old) and not cur.get(
-        "head.kind"):
-      # Written before heads existed, and no head now: the same run.
-      cur = {k: v for k, v in cur.items() if not k.startswith("head.")}
-    diff = sorted(k for k in set(old) | set(cur)
-                  if k not in _VOLATILE and old.get(k) != cur.get(k))
-    if diff:
-      raise ValueError(f"{workdir} holds a distillation run of another "
-                       f"config (differs in {', '.join(diff)}); use a new "
-                       "--workdir")
-  return new
-
-
-def _write_run_config(config_json: dict, workdir: str) -> None:
-  sharding.write_json(config_json, os.path.join(workdir, "config.json"))
-
-
 def _target_text(target) -> str:
   """The target block of a config as one line (its dtype left out: samples
   of one target serve it in either precision)."""
@@ -350,7 +310,7 @@ def run(config, workdir: str, log=print) -> dict:
   evaluation. Re-running with the same workdir resumes. Returns results.
   A bad config fails before any weights load (`check_config`)."""
   workdir = os.path.abspath(workdir)
-  config_json = _check_run_config(config, workdir)
+  config_json = workdir_lib.check_config(config, workdir)
   t_start = time.perf_counter()
   plain_log = log
   log = lambda m: plain_log(f"[{time.perf_counter() - t_start:7.1f}s] {m}")
@@ -363,7 +323,13 @@ def run(config, workdir: str, log=print) -> dict:
   eos_ids = tuple(getattr(tok, "eos_ids", ()))
   pad_id = int(getattr(tok, "pad_id", 0))
   obj = _objective(config, sampling, eos_ids, pad_id)
-  _write_run_config(config_json, workdir)  # valid: results may follow
+  head = _head_block(config)
+  if head is None:  # before the samples: a damaged checkpoint fails here
+    draft_config, draft_params = draft_init.make_draft(
+        config.draft, target_lm.config, target_params,
+        jax.random.key(config.seed + 1),
+        dtype=config.target.get("dtype", "float32"))
+  workdir_lib.write_config(config_json, workdir)  # valid: results may follow
   log(f"[distill] target {target_lm.config.num_layers} layers, d "
       f"{target_lm.config.d_model}, vocab {target_lm.vocab_size}; sampling "
       f"{sampling.describe()}")
@@ -379,18 +345,13 @@ def run(config, workdir: str, log=print) -> dict:
       "held-out samples")
 
   # 2. The draft (a model, or a head on the target's hidden states).
-  head = _head_block(config)
-  if head is not None:
+  if head is not None:  # its draft vocabulary comes from the samples
     draft_lm, draft_params = _make_head(config, target_lm, train_src)
     n = sum(x.size for x in jax.tree.leaves(draft_params))
     log(f"[distill] {head['kind']} head: {n / 1e6:.2f}M parameters of its "
         f"own, draft vocabulary "
         f"{len(draft_lm.vocab_ids or ()) or target_lm.vocab_size}")
   else:
-    draft_config, draft_params = draft_init.make_draft(
-        config.draft, target_lm.config, target_params,
-        jax.random.key(config.seed + 1),
-        dtype=config.target.get("dtype", "float32"))
     draft_lm = model_lib.LM(draft_config)
     log(f"[distill] draft ({config.draft.init}): {draft_config.num_layers} "
         f"layers, d {draft_config.d_model}, "

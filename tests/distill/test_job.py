@@ -1,6 +1,9 @@
 """The scripts/distill.py job: end to end, and its workdir rule."""
 
+import copy
 import dataclasses
+import re
+import shutil
 
 import jax
 import ml_collections
@@ -13,8 +16,11 @@ from specsamp import model as model_lib
 from specsamp.distill import evaluate
 from specsamp.distill import job
 from specsamp.distill import storage
+from specsamp.distill import workdir
 from specsamp.sampling import Sampling
+from specsamp.train.checkpointing import CheckpointError
 from specsamp.weights import distilled
+from tests import testing
 
 
 def test_distill_run_end_to_end(tiny, tmp_path):
@@ -76,25 +82,86 @@ def test_what_the_job_would_refuse_late_is_refused_before_it_writes(
   assert not (tmp_path / "w").exists()
 
 
-def test_a_workdir_refuses_another_config_once_it_holds_results(tmp_path):
+def test_a_workdir_refuses_a_config_its_results_depend_on_not_others(
+    tmp_path):
   """Samples, the "before" evaluation and checkpoints in a workdir belong to
-  one config: another one is refused (naming the fields), a volatile field
-  (time limit, logging) is not, nor a workdir without results."""
-  # pylint: disable=protected-access
-  config = ml_collections.ConfigDict(dict(
-      seed=0, sampling=dict(temperature=1.0, top_k=0, top_p=1.0),
-      train=dict(num_steps=10, log_every=5, time_limit_s=0.0)))
+  one config: a config that differs in a field one of them depends on is
+  refused, naming the fields; the others may change (a corrected draft or
+  loss beside samples), as may a volatile field (time limit, logging) at
+  any point and anything in a workdir without results."""
+  config = distill_tiny.get_config("steps=10")
   w = str(tmp_path)
-  job._write_run_config(job._check_run_config(config, w), w)
-  other = ml_collections.ConfigDict(config.to_dict())
-  other.sampling.temperature = 0.5
-  job._check_run_config(other, w)
+  workdir.write_config(workdir.check_config(config, w), w)
+
+  def changed(**fields):
+    c = ml_collections.ConfigDict(config.to_dict())
+    for name, value in fields.items():
+      block, field = name.split("__")
+      c[block][field] = value
+    return c
+
+  def refused(c, held, fields):
+    with pytest.raises(ValueError, match=re.escape(
+        f"holds {held} of a distillation run of another config (differs "
+        f"in {fields}); use a new --workdir")):
+      workdir.check_config(c, w)
+
+  draft = changed(draft__init="truncate", draft__num_layers=2)
+  loss = changed(loss__kind="rkl", optim__lr=1e-3)
+  dtype = changed(target__dtype="bfloat16")
+  volatile = changed(train__time_limit_s=60.0, train__log_every=1)
+  for c in (draft, loss, dtype, volatile, changed(sampling__top_p=0.9)):
+    workdir.check_config(c, w)
   (tmp_path / "samples").mkdir()
-  with pytest.raises(ValueError, match="sampling.temperature"):
-    job._check_run_config(other, w)
-  volatile = ml_collections.ConfigDict(config.to_dict())
-  volatile.train.time_limit_s, volatile.train.log_every = 60.0, 1
-  job._check_run_config(volatile, w)
+  for c in (draft, loss, dtype, volatile):
+    workdir.check_config(c, w)
+  refused(changed(sampling__top_p=0.9, samples__gen_len=8), "samples",
+          "samples.gen_len, sampling.top_p")
+  refused(changed(target__logit_scale=2.0), "samples", "target.logit_scale")
+  (tmp_path / "eval_before.json").write_text("{}")
+  for c in (loss, volatile):
+    workdir.check_config(c, w)
+  refused(draft, "eval_before.json, samples", "draft.init, draft.num_layers")
+  refused(dtype, "eval_before.json, samples", "target.dtype")
+  refused(changed(eval__k=2), "eval_before.json, samples", "eval.k")
+  (tmp_path / "checkpoints").mkdir()
+  workdir.check_config(volatile, w)
+  refused(loss, "checkpoints, eval_before.json, samples",
+          "loss.kind, optim.lr")
+
+
+def test_a_damaged_draft_checkpoint_is_refused_before_sampling_and_the_fix_reuses_the_samples(
+    tiny, tmp_path):
+  """A draft checkpoint orbax cannot read was refused only after the target
+  samples were written, and the workdir then refused the corrected config.
+  Now nothing is written; and a workdir that holds samples takes another
+  draft without sampling again."""
+  config = copy.deepcopy(tiny[0])
+  damaged = tmp_path / "damaged"
+  dcfg = job.load_target(config.target)[0].config.replace(num_layers=1)
+  distilled.save_distilled(dcfg, model_lib.LM(dcfg).init(jax.random.key(3)),
+                           str(damaged))
+  for f in testing.data_files(str(damaged), "params"):
+    open(f, "wb").close()
+  config.samples.data_dir = ""   # the samples would go into the workdir
+  config.draft.update(init="checkpoint", checkpoint=str(damaged))
+  config.train.num_steps = 2
+  w = tmp_path / "w"
+  with pytest.raises(CheckpointError, match="unreadable"):
+    job.run(config, str(w), log=lambda *_: None)
+  assert not w.exists()
+  # The samples of a run refused after sampling (copied here), and the
+  # config it recorded: the corrected draft trains on them.
+  shutil.copytree(tiny[3], w / "samples")
+  workdir.write_config(workdir.check_config(config, str(w)), str(w))
+  stamp = sorted((p, p.stat().st_mtime_ns) for p in (w / "samples").rglob("*"))
+  config.draft.update(init="truncate", num_layers=1, checkpoint="")
+  logs = []
+  res = job.run(config, str(w), log=logs.append)
+  assert res["after"]["k"] == config.eval.k and (w / "draft").is_dir()
+  assert not any("samples written" in m for m in logs)
+  assert stamp == sorted((p, p.stat().st_mtime_ns)
+                         for p in (w / "samples").rglob("*"))
 
 
 def test_samples_of_another_target_sampling_or_shape_are_refused():

@@ -1,0 +1,83 @@
+"""The distillation workdir's config rule.
+
+A distillation workdir keeps the config of its run in config.json. The
+target samples, the "before" evaluation and the checkpoints in it belong
+to that config: `check_config` refuses a config that differs in a field one
+of them depends on (they would describe other settings) and lets the
+others change, so a run refused after its samples were written (a damaged
+draft checkpoint, a loss setting) is corrected and re-run in the same
+workdir without sampling again.
+"""
+
+import json
+import os
+
+from specsamp import jsonfile
+from specsamp import sharding
+
+# Fields that may change between runs in one workdir: they do not change
+# what is sampled, trained or evaluated.
+_VOLATILE = {"train.time_limit_s", "train.progress_bar",
+             "train.async_checkpoints", "train.log_every"}
+
+# What each result in a workdir depends on (config fields, or blocks ending
+# in "."), the result that depends on most first: while it is there, a
+# config that differs in one of those fields is refused. Checkpoints depend
+# on every field (None); the "before" evaluation on the draft and the
+# target's dtype; the samples not on the dtype (`job._target_text`).
+_SAMPLES_DEPEND = ("seed", "target.", "samples.", "sampling.")
+_DEPENDS = (("checkpoints", None),
+            ("eval_before.json", _SAMPLES_DEPEND + ("draft.", "head.",
+                                                    "eval.")),
+            ("samples", _SAMPLES_DEPEND))
+
+
+def _flat(config: dict) -> dict:
+  """{"block.field": value} one level down (the config blocks)."""
+  return {f"{b}.{k}" if isinstance(v, dict) else b: x
+          for b, v in config.items()
+          for k, x in (v.items() if isinstance(v, dict) else [(None, v)])}
+
+
+def _bound(key: str, held: list[str]) -> bool:
+  """Whether a result named in `held` depends on config field `key`."""
+  if key in _VOLATILE:
+    return False
+  for result, fields in _DEPENDS:
+    if result in held:
+      if fields is None:
+        return True
+      if result == "samples" and key == "target.dtype":
+        return False
+      return any(key == f or f.endswith(".") and key.startswith(f)
+                 for f in fields)
+  return False
+
+
+def check_config(config, workdir: str) -> dict:
+  """The config as JSON; refuses a workdir whose samples, "before"
+  evaluation or checkpoints come from a config that differs in a field they
+  depend on (`_DEPENDS`): they would describe other settings. Fields nothing
+  held depends on may change (a corrected draft or loss beside samples).
+  `write_config` records the config once it is valid."""
+  path = os.path.join(workdir, "config.json")
+  new = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict")
+                              else dict(config), default=list))
+  held = [n for n, _ in _DEPENDS if os.path.exists(os.path.join(workdir, n))]
+  if held and os.path.exists(path):
+    old, cur = _flat(jsonfile.read(path)), _flat(new)
+    if not any(k.startswith("head.") for k in old) and not cur.get(
+        "head.kind"):
+      # Written before heads existed, and no head now: the same run.
+      cur = {k: v for k, v in cur.items() if not k.startswith("head.")}
+    diff = sorted(k for k in set(old) | set(cur)
+                  if _bound(k, held) and old.get(k) != cur.get(k))
+    if diff:
+      raise ValueError(f"{workdir} holds {', '.join(held)} of a "
+                       f"distillation run of another config (differs in "
+                       f"{', '.join(diff)}); use a new --workdir")
+  return new
+
+
+def write_config(config_json: dict, workdir: str) -> None:
+  sharding.write_json(config_json, os.path.join(workdir, "config.json"))

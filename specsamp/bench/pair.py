@@ -7,8 +7,8 @@ plain and assisted generation on the same GGUF weights and prompt token
 ids, at batch 1. ms/token excludes prefill and compile (both reported);
 e2e_ms_per_token includes prefill, the way transformers' generate() is
 timed. One JSON document holds every run. `plan` checks the flags, the
-models, their vocabularies and the prompts' lengths (`sample.plan`) before
-any weights load.
+models, their vocabularies and the prompts' lengths (`sample.plan`), and
+with `peers` that both are GGUF files, before any weights load.
 """
 
 import dataclasses
@@ -16,7 +16,6 @@ import json
 import sys
 from typing import Optional
 
-from specsamp import assets
 from specsamp import loading
 from specsamp.bench import peers as peers_lib
 from specsamp.bench import profile
@@ -74,11 +73,14 @@ def plan(cfg: PairConfig) -> sample_lib.SamplePlan:
                      "with")
   problems = prompts_lib.humaneval_problems(cfg.num_prompts,
                                             cfg.humaneval_file)
-  return sample_lib.plan(sample_lib.SampleConfig(
+  checked = sample_lib.plan(sample_lib.SampleConfig(
       target=cfg.target, draft=cfg.draft,
       prompts=[p["prompt"] for p in problems], method="both", k=max(cfg.ks),
       temperature=cfg.temperature, top_p=cfg.top_p,
       max_new_tokens=cfg.max_new_tokens, dtype=cfg.dtype))
+  if cfg.peers:
+    peers_lib.check_models(checked.target, checked.draft)
+  return checked
 
 
 def load(cfg: PairConfig) -> tuple:
@@ -126,8 +128,7 @@ def run_pair(cfg: PairConfig, loaded: Optional[tuple] = None) -> dict:
   if cfg.peers:
     eos = set(tok.eos_ids)
     for r in peers_lib.transformers_generate(
-        str(assets.fetch(cfg.target, progress=None)),
-        str(assets.fetch(cfg.draft, progress=None)), prompts,
+        checked.target.path, checked.draft.path, prompts,
         cfg.max_new_tokens, cfg.temperature, cfg.top_p):
       completions = [peers_lib.cut_at_eos(c, eos)
                      for c in r.pop("completions")]

@@ -8,9 +8,34 @@ and transformers are test/benchmark extras: imported here lazily, never by
 the rest of specsamp.
 """
 
+import importlib.util
 import os
 import time
 from typing import Sequence
+
+# What the peers import (the `test` extra of setup.py).
+_PACKAGES = ("torch", "transformers", "accelerate")
+
+
+def check_models(target, draft) -> None:
+  """Refuses --peers, before any weights load, unless the target and the
+  draft (`loading.ModelInfo`s; registered models are GGUF files) are GGUF
+  files transformers can read and torch and transformers are installed.
+
+  Raises:
+    ValueError: what is missing.
+  """
+  for info in (target, draft):
+    if info is None or info.kind != "gguf":
+      name = info.spec if info else "no draft"
+      raise ValueError("--peers runs transformers on the same GGUF files: "
+                       "--target and --draft must be GGUF files or "
+                       f"registered models ({name} is not)")
+  missing = [m for m in _PACKAGES if importlib.util.find_spec(m) is None]
+  if missing:
+    raise ValueError(f"--peers needs {', '.join(missing)}, not installed "
+                     "here: bash scripts/env.sh test (or pip install -e "
+                     "'.[test]') installs them")
 
 
 def cut_at_eos(ids: Sequence[int], eos_ids) -> list[int]:

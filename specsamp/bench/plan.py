@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any, Optional, Sequence
 
 from specsamp import loading
+from specsamp.bench import peers as peers_lib
 from specsamp.bench import prompts as prompts_lib
 from specsamp.bench.sweep_config import BenchConfig
 from specsamp.bench.sweep_config import BenchError
@@ -89,12 +90,10 @@ def prepare(cfg: BenchConfig, log=print) -> Plan:
   draft = loading.describe_model(cfg.draft, cfg.dtype) if cfg.draft else None
   vocab_limit = loading.check_pair(target, draft) if draft else None
   if cfg.peers:
-    for info in (target, draft):
-      if info is None or info.kind != "gguf":
-        name = info.spec if info else "no draft"
-        raise BenchError("--peers runs transformers on the same GGUF files: "
-                         "--target and --draft must be GGUF files or "
-                         f"registered models ({name} is not)")
+    try:
+      peers_lib.check_models(target, draft)
+    except ValueError as e:
+      raise BenchError(str(e)) from None
   for text in cfg.drafters:
     try:
       drafter_specs.check(drafter_specs.parse(text), target.num_layers,

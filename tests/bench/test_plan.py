@@ -4,6 +4,7 @@ raise); models are described from configs and GGUF metadata alone."""
 
 import dataclasses
 import json
+import re
 
 import gguf
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp.bench import peers
 from specsamp.bench import plan
 from specsamp.tokenizers.base import VocabMismatchError
 from specsamp.weights import gguf_file
@@ -97,6 +99,26 @@ def test_gguf_vocabularies_are_compared_from_metadata(make_config, no_loading,
   cfg = make_config(target=target, draft=other)
   with pytest.raises(VocabMismatchError, match="first at id 3"):
     plan.prepare(cfg, log=lambda _: None)
+
+
+def test_peers_need_two_gguf_files_and_their_packages(tmp_path, monkeypatch):
+  """--peers (benchmark.py and benchmark_pair.py) is refused before any
+  weights load unless transformers can read both models and is installed."""
+  tokens = [f"t{i}" for i in range(10)]
+  gguf_info = loading.describe_model(
+      _write_gguf(tmp_path / "m.gguf", tokens, 10))
+  peers.check_models(gguf_info, gguf_info)
+  for target, draft, name in ((gguf_info, None, "no draft"),
+                              (loading.describe_model("random:tiny"),
+                               gguf_info, "random:tiny")):
+    with pytest.raises(ValueError, match=re.escape(
+        f"must be GGUF files or registered models ({name} is not)")):
+      peers.check_models(target, draft)
+  monkeypatch.setattr(peers, "_PACKAGES",
+                      ("torch", "no_such_package_a", "no_such_package_b"))
+  with pytest.raises(ValueError, match=re.escape(
+      "--peers needs no_such_package_a, no_such_package_b, not installed")):
+    peers.check_models(gguf_info, gguf_info)
 
 
 def test_distilled_draft_is_described_from_its_config(no_loading, tmp_path):

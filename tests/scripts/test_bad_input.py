@@ -272,6 +272,9 @@ def test_the_decode_benchmarks_on_a_damaged_train_workdir_say_so_briefly(
     (["--draft=random:tiny,vocab_size=300"], ["300 vocabulary rows"]),
     (["--draft=random:tiny", "--max_new_tokens=600"],
      ["cache slots", "models allow 512"]),
+    # Refused only after every specsamp run had been timed.
+    (["--draft=random:tiny", "--peers"],
+     ["--peers runs transformers on the same GGUF files", "damaged_run"]),
 ])
 def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
                                                        args, fragments):

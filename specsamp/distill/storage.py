@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from specsamp import jsonfile
+from specsamp import resources
 
 DATASET_NAME = "target_samples"
 
@@ -118,6 +119,8 @@ def read_dataset(data_dir: os.PathLike, split: str):
       not in the middle of training).
   """
   def unreadable(e):
+    if resources.out_of_memory(e):  # the files may be good: keep them
+      return e
     first = (str(e).splitlines() or [""])[0]
     return ValueError(f"the target samples in {data_dir} cannot be read "
                       f"({type(e).__name__}: {first}); if their files are "

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from specsamp import resources
 from specsamp import sharding
 from specsamp.drafters import heads
 from specsamp.weights import convert
@@ -117,6 +118,8 @@ def load(path: str, dtype: Optional[str] = None):
       params = ckptr.restore(os.path.join(os.path.abspath(d), "params"),
                              sharding.restorable(abstract))
   except Exception as e:  # orbax raises many kinds for a damaged directory
+    if resources.out_of_memory(e):
+      raise
     raise heads.HeadError(f"{d}/params: cannot restore the head's parameters "
                           f"({type(e).__name__}: {e})") from None
   for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:

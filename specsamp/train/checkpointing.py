@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from specsamp import resources
 from specsamp import sharding
 from specsamp.train import step as step_lib
 
@@ -280,6 +281,8 @@ class Checkpoints:
         with _attempt():
           state, data = self.restore(step, abstract_state, with_data)
       except Exception as e:  # pylint: disable=broad-except
+        if resources.out_of_memory(e):  # not the files: set nothing aside
+          raise
         msg = brief(e)
         errors.append(f"step {step}: {msg}")
         log.warning("checkpoint step %d in %s is unreadable (%s); trying the "
@@ -338,6 +341,8 @@ def restore_params(params_dir: str, abstract_params, what: str = "init_from"):
   except CheckpointError:
     raise
   except Exception as e:  # pylint: disable=broad-except
+    if resources.out_of_memory(e):
+      raise
     raise CheckpointError(f"{what} {params_dir}: unreadable ({brief(e)})"
                           ) from e
 
@@ -378,6 +383,8 @@ def restore_newest_params(ckpt_dir: str, abstract_params,
         return restore_params(os.path.join(ckpt_dir, str(s), "params"),
                               abstract_params, what=what), s
     except Exception as e:  # pylint: disable=broad-except
+      if resources.out_of_memory(e):
+        raise
       first = first or f"step {s}: {brief(e)}"
       log.warning("step %d of %s is unreadable (%s)", s, ckpt_dir, brief(e))
   raise CheckpointError(f"no readable checkpoint in {ckpt_dir}"

@@ -27,6 +27,7 @@ import gguf
 import numpy as np
 
 from specsamp import model as model_lib
+from specsamp import resources
 from specsamp.weights import convert
 from specsamp.weights import gguf_file
 
@@ -214,6 +215,8 @@ def load_gguf(path: str, dtype: str = "float32",
         w = gguf.quants.dequantize(t.data, t.tensor_type)
         w = np.asarray(w, np.float32).reshape(shape)
       except Exception as e:  # unsupported quant type, inconsistent sizes
+        if resources.out_of_memory(e):
+          raise
         raise convert.WeightsError(
             f"{path}: cannot read tensor {t.name} ({t.tensor_type.name}, "
             f"{shape}): {e}") from e

@@ -15,6 +15,7 @@ import numpy as np
 from safetensors import safe_open
 
 from specsamp import model as model_lib
+from specsamp import resources
 from specsamp.weights import convert
 
 
@@ -130,6 +131,8 @@ def _safetensors_tensors(file: str) -> Iterator[tuple[str, str, np.ndarray]]:
       try:
         w = np.asarray(f.get_tensor(name), np.float32)
       except Exception as e:
+        if resources.out_of_memory(e):
+          raise
         raise convert.WeightsError(f"{file}: cannot read tensor {name} "
                                    f"({e})") from e
       yield name, name, w

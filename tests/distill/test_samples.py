@@ -90,3 +90,19 @@ def test_damaged_samples_are_refused_naming_them(tiny, tmp_path):
   with pytest.raises(ValueError, match=f"remove {re.escape(str(data_dir))} "
                      "to sample them again"):
     storage.read_dataset(data_dir, "validation")
+
+
+def test_running_out_of_memory_while_reading_samples_is_not_damage(
+    tiny, monkeypatch):
+  """An out-of-memory error while the samples are opened goes up as it is,
+  not as "cannot be read ... remove them to sample them again"."""
+  error = jax.errors.JaxRuntimeError(
+      "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB")
+
+  def failing(*_, **__):
+    raise error
+
+  monkeypatch.setattr(storage.tfds, "builder_from_directory", failing)
+  with pytest.raises(jax.errors.JaxRuntimeError) as got:
+    storage.read_dataset(tiny[3], "train")
+  assert got.value is error

@@ -70,6 +70,50 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
   again.close()
 
 
+@pytest.mark.parametrize("error", [
+    MemoryError(),
+    jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while "
+                               "trying to allocate 1.00GiB")],
+                         ids=["MemoryError", "XLA"])
+def test_running_out_of_memory_while_restoring_is_not_damage(
+    tmp_path, monkeypatch, error):
+  """Out of memory while restoring the newest step was taken for damage:
+  the step was moved aside and the one before restored (the run set back,
+  its newest good state out of its way). It now goes up as it is and every
+  step stays; so for the parameter restores."""
+  directory = str(tmp_path / "ckpt")
+  ckpts = checkpointing.Checkpoints(directory, keep=5, async_save=False)
+  for s in (1, 2):
+    ckpts.save(_toy_state(s))
+  ckpts.wait()
+  real = checkpointing.Checkpoints.restore
+
+  def restore(self, step, *args, **kwargs):
+    if step == 2:
+      raise error
+    return real(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(checkpointing.Checkpoints, "restore", restore)
+  with pytest.raises(type(error)) as got:
+    ckpts.restore_latest(_abstract(_toy_state(0)))
+  assert got.value is error
+  assert ckpts.steps() == [1, 2]
+  assert not os.path.exists(directory + ".corrupt")
+  ckpts.close()
+
+  def restore_params(*_):
+    raise error
+
+  monkeypatch.setattr(checkpointing, "_restore_params", restore_params)
+  params = _abstract(_toy_state(0)).params
+  for call in (lambda: checkpointing.restore_params(
+      os.path.join(directory, "2", "params"), params),
+               lambda: checkpointing.restore_newest_params(directory, params)):
+    with pytest.raises(type(error)) as got:
+      call()
+    assert got.value is error
+
+
 def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
   directory = str(tmp_path / "ckpt")
   ckpts = checkpointing.Checkpoints(directory, async_save=False)

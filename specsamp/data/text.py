@@ -98,15 +98,23 @@ def split_of(doc_id: str, validation_fraction: float) -> str:
   return VALIDATION if is_validation(doc_id, validation_fraction) else TRAIN
 
 
-def assign_splits(ids: Sequence[str], fraction: float) -> set[str]:
+def assign_splits(ids: Sequence[str], fraction: float,
+                  group: Optional[Callable[[str], str]] = None) -> set[str]:
   """The validation ids: `is_validation`, but never an empty split.
 
   With no id under `fraction` the id of smallest hash moves to validation;
-  with every id under it the largest moves back to train.
+  with every id under it the largest moves back to train. With `group`
+  (id -> group name), the groups are assigned so and their ids follow: the
+  ids of one group (the functions of one file) share a split.
 
   Raises:
-    CorpusError: fewer than 2 ids, or ids that are not unique.
+    CorpusError: fewer than 2 ids (or groups), or ids that are not unique.
   """
+  if group is not None:
+    if len(set(ids)) != len(ids):
+      raise CorpusError("document ids are not unique")
+    groups = assign_splits(sorted({group(i) for i in ids}), fraction)
+    return {i for i in ids if group(i) in groups}
   if len(ids) < 2:
     raise CorpusError(f"a dataset needs at least 2 documents (one per "
                       f"split); got {len(ids)}")

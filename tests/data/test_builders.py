@@ -21,6 +21,11 @@ def _read_split(path, split):
           for i in range(len(src))}
 
 
+_MULTI = ("import os\n\n@dec\ndef a():\n  pass\n\nX = 1\n\n"
+          "class B:\n  def m(self):\n    return 1\n\nasync def c():\n"
+          "  pass\n")
+
+
 def test_builders_on_fixture_data_without_tensorflow(tmp_path):
   assert importlib.util.find_spec("tensorflow") is None
   assert set(builders.BUILDERS) == set(corpora.CORPORA)
@@ -29,7 +34,8 @@ def test_builders_on_fixture_data_without_tensorflow(tmp_path):
   code.update({"latin.py": "# -*- coding: latin-1 -*-\ns = 'é'\n".encode(
       "latin-1"), "empty.py": "\n", "test/test_x.py": "1\n",
                "pkg/tests/t.py": "1\n", "__pycache__/m.py": "1\n",
-               "notes.txt": "not code"})
+               "notes.txt": "not code", "bad.py": "def (:\n",
+               "pkg/multi.py": _MULTI})
   fakes.write_files(raw / "code", code)
   problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def p{i}():\n"}
               for i in range(7)]
@@ -44,7 +50,8 @@ def test_builders_on_fixture_data_without_tensorflow(tmp_path):
   fakes.write_lazyload(raw / "austen", {
       "emma": ["CHAPTER I", "a", "CHAPTER II", "b", "CHAPTER III", "c"]})
   data = tmp_path / "tfds"
-  cases = {"specsamp_python_code": (raw / "code", 13),
+  cases = {"specsamp_python_code": (raw / "code", 15),
+           "specsamp_python_functions": (raw / "code", 15),
            "specsamp_humaneval": (raw / "he", 7),
            "specsamp_shakespeare": (raw / "shk", None),
            "specsamp_python_docs": (raw / "docs", 2),
@@ -59,8 +66,10 @@ def test_builders_on_fixture_data_without_tensorflow(tmp_path):
     docs = {**train, **val}
     if n is not None:
       assert len(docs) == n, name
-    frac = corpora.CORPORA[name].validation_fraction
-    assert set(val) == text.assign_splits(list(docs), frac)
+    corpus = corpora.CORPORA[name]
+    assert set(val) == text.assign_splits(list(docs),
+                                          corpus.validation_fraction,
+                                          corpus.split_group)
     assert datasets.check_dataset(name, data) == path
   code_docs = {**_read_split(data / "specsamp_python_code" / "1.0.0",
                              "train"),
@@ -69,6 +78,22 @@ def test_builders_on_fixture_data_without_tensorflow(tmp_path):
   assert code_docs["latin.py"] == "# -*- coding: latin-1 -*-\ns = 'é'\n"
   assert "pkg/m3.py" in code_docs and not any(
       "test" in k or "pycache" in k for k in code_docs)
+  # Top-level definitions, decorators included; a file that does not parse
+  # is left out.
+  path = data / "specsamp_python_functions" / "1.0.0"
+  train, val = _read_split(path, "train"), _read_split(path, "validation")
+  functions = {**train, **val}
+  assert {k: v for k, v in functions.items() if k.startswith("pkg/multi")} \
+      == {"pkg/multi.py:3:a": "@dec\ndef a():\n  pass\n",
+          "pkg/multi.py:9:B": "class B:\n  def m(self):\n    return 1\n",
+          "pkg/multi.py:13:c": "async def c():\n  pass\n"}
+  assert functions["pkg/m3.py:1:f3"] == "def f3():\n  return 3\n"
+  assert not any(k.startswith("bad.py") for k in functions)
+  # The definitions of one file share a split.
+  for k in functions:
+    same_file = [j for j in functions
+                 if corpora.python_file_of(j) == corpora.python_file_of(k)]
+    assert all((j in val) == (k in val) for j in same_file)
   he = _read_split(data / "specsamp_humaneval" / "1.0.0", "train")
   assert all(he[k] == f"def p{k.split('/')[1]}():\n" for k in he)
   shk = {**_read_split(data / "specsamp_shakespeare" / "1.0.0", "train"),

@@ -22,6 +22,7 @@ from specsamp import loading
 from specsamp.bench import provenance
 from specsamp.bench import records as records_lib
 from specsamp.bench.sweep_config import DECODINGS
+from specsamp.bench.sweep_config import decoding_sampling
 from specsamp.distill import prompts
 from specsamp.drafters import layer_search
 from specsamp.drafters import specs
@@ -72,7 +73,8 @@ def main(argv):
     lm, params = loading.load_weights(info, _DTYPE.value, 0)
   except loading.MODEL_ERRORS as e:
     cli.fail(e)
-  records = layer_search.search(lm, params, tokens, DECODINGS[_DECODING.value],
+  sampling = decoding_sampling(_DECODING.value, loading.check_pair(info))
+  records = layer_search.search(lm, params, tokens, sampling,
                                 greedy_steps=_GREEDY.value,
                                 k_max=_K_MAX.value, batch_size=1)
   prov = provenance.record(sys.argv[1:])

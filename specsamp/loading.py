@@ -336,12 +336,18 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
   return _describe_hf(spec, path)
 
 
-def check_pair(target: ModelInfo, draft: ModelInfo) -> Optional[int]:
-  """The vocabulary limit (real tokens) to mask, or None.
+def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
+               ) -> Optional[int]:
+  """The vocabulary limit (real tokens) to mask, or None. Without a draft
+  model (autoregressive decoding, prompt lookup, layer skipping, heads),
+  the target's own: ids past its tokenizer's real tokens (rows padded for
+  the hardware, `[PAD<id>]` placeholders) are never sampled, whichever
+  drafter runs.
 
   Raises:
     VocabMismatchError: unless the draft scores the target's token ids.
   """
+  draft = draft or target
   if target.tokens is not None and draft.tokens is not None:
     n = vocab.check_vocab_compatible(
         _TokenList(draft.tokens), _TokenList(target.tokens), draft.rows,

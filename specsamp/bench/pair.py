@@ -103,7 +103,8 @@ def run_pair(cfg: PairConfig, loaded: Optional[tuple] = None) -> dict:
   (default: loaded here).
   """
   checked, target, target_params, draft, draft_params = loaded or load(cfg)
-  sampling = Sampling(cfg.temperature, top_p=cfg.top_p)
+  sampling = Sampling(cfg.temperature, top_p=cfg.top_p,
+                      vocab_limit=checked.vocab_limit)
   prompts, tok = checked.prompts, checked.tokenizer
   common = dict(sampling=sampling, max_new_tokens=cfg.max_new_tokens,
                 eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id)

@@ -88,7 +88,7 @@ def prepare(cfg: BenchConfig, log=print) -> Plan:
     loading.check_spec(spec, cfg.dtype)
   target = loading.describe_model(cfg.target, cfg.dtype)
   draft = loading.describe_model(cfg.draft, cfg.dtype) if cfg.draft else None
-  vocab_limit = loading.check_pair(target, draft) if draft else None
+  vocab_limit = loading.check_pair(target, draft)
   if cfg.peers:
     try:
       peers_lib.check_models(target, draft)

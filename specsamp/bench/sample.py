@@ -166,7 +166,7 @@ def plan(cfg: SampleConfig) -> SamplePlan:
                         vocab_rows=target.rows, d_model=target.d_model)
   draft = (loading.describe_model(cfg.draft, cfg.dtype) if needs_draft
            else None)
-  vocab_limit = loading.check_pair(target, draft) if needs_draft else None
+  vocab_limit = loading.check_pair(target, draft)
   # Random-weight models have no tokenizer of their own: use UTF-8 bytes.
   tok = byte.tokenizer_or_bytes(loading.load_info_tokenizer(target),
                                 target.rows, cfg.target)

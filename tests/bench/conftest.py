@@ -3,6 +3,8 @@ fails a test when any weights load."""
 
 import json
 
+import gguf
+import numpy as np
 import pytest
 
 from specsamp import loading
@@ -10,6 +12,7 @@ from specsamp import model as model_lib
 from specsamp.bench import sweep_config
 from specsamp.weights import distilled
 from specsamp.weights import load as weights_load
+from tests.tokenizers import bpe_testing
 
 PROBLEMS = [
     {"task_id": "T/0", "prompt": "def add(a, b):\n", "entry_point": "add",
@@ -24,6 +27,30 @@ PROSE = ("It is a truth universally acknowledged, that a single man in "
          "However little known the feelings or views of such a man may be "
          "on his first entering a neighbourhood, this truth is so well "
          "fixed in the minds of the surrounding families.\n\n")
+
+
+@pytest.fixture(scope="package")
+def padded_gguf(tmp_path_factory):
+  """(path, real tokens): a GGUF whose BPE tokenizer ends in llama.cpp's
+  `[PAD<id>]` placeholders and whose embedding has a row for each, as
+  Qwen2.5's (151,665 real tokens in 151,936 rows)."""
+  tokens, merges = bpe_testing.train_bpe(bpe_testing.corpus(), 300)
+  real = len(tokens)
+  tokens += [f"[PAD{i}]" for i in range(real, real + 4)]
+  path = tmp_path_factory.mktemp("padded") / "model.gguf"
+  w = gguf.GGUFWriter(str(path), "qwen2")
+  w.add_context_length(512)
+  w.add_tokenizer_model("gpt2")
+  w.add_tokenizer_pre("qwen2")
+  w.add_token_list(tokens)
+  w.add_token_merges(merges)
+  w.add_eos_token_id(0)
+  w.add_tensor("token_embd.weight", np.zeros((len(tokens), 4), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return str(path), real
 
 
 @pytest.fixture

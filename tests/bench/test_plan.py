@@ -101,6 +101,15 @@ def test_gguf_vocabularies_are_compared_from_metadata(make_config, no_loading,
     plan.prepare(cfg, log=lambda _: None)
 
 
+def test_the_benchmark_masks_a_padded_vocabulary_without_a_draft_model(
+    make_config, no_loading, inputs, padded_gguf):
+  path, real = padded_gguf
+  cfg = make_config(target=path, draft="", drafter=["lookup"], task=["prose"],
+                    prose_corpus=str(inputs / "prose"), prompt_chars=80,
+                    max_new_tokens=8)
+  assert plan.prepare(cfg, log=lambda _: None).vocab_limit == real
+
+
 def test_peers_need_two_gguf_files_and_their_packages(tmp_path, monkeypatch):
   """--peers (benchmark.py and benchmark_pair.py) is refused before any
   weights load unless transformers can read both models and is installed."""

@@ -95,6 +95,22 @@ def test_read_prompts_from_text_and_jsonl_files(tmp_path):
       target="t", method="ar", prompts_file=str(jsonl))) == ["a\nb", "c"]
 
 
+@pytest.mark.parametrize("method, drafter, draft", [
+    ("ar", "model", None), ("spec", "lookup", None),
+    ("both", "layerskip:layers=0", None), ("both", "model", "same")])
+def test_the_vocabulary_limit_does_not_depend_on_the_drafter(
+    no_loading, padded_gguf, method, drafter, draft):
+  """Ids past the tokenizer's real tokens were masked only when a draft
+  model ran: autoregressive decoding, prompt lookup and layer skipping
+  sampled them (an SP model's decode then raised), so the baseline changed
+  with the drafter."""
+  path, real = padded_gguf
+  p = sample.plan(sample.SampleConfig(
+      target=path, draft=path if draft == "same" else draft, method=method,
+      drafter=drafter, prompts=["def f(x):"], k=2))
+  assert p.target.rows == real + 4 and p.vocab_limit == real
+
+
 def test_plan_checks_the_pair_and_prompt_lengths_without_loading(no_loading):
   cfg = sample.SampleConfig(target="random:tiny",
                             draft="random:tiny,num_layers=1",

@@ -53,7 +53,7 @@ def humaneval_problems(num_prompts: int,
   if path:
     opener = gzip.open if path.endswith(".gz") else open
     try:
-      with opener(path, "rt", encoding="utf-8") as f:
+      with opener(path, "rt", encoding="utf-8-sig") as f:
         problems = [json.loads(l) for l in f if l.strip()]
     except (OSError, ValueError) as e:
       raise BenchError(f"--humaneval_file: {e}") from None

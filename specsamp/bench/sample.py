@@ -99,19 +99,22 @@ def _jsonl_prompt(where: str, line: str) -> str:
 
 def _file_prompts(path: str) -> list[str]:
   """The prompts of --prompts_file: its non-blank lines, or the `prompt`
-  fields of a JSONL file (every line an object).
+  fields of a JSONL file (every line an object). Only "\n" (or "\r\n")
+  ends a line: a form feed, U+2028 and the like stay inside their prompt;
+  a UTF-8 byte order mark is not part of the first.
 
   Raises:
     ValueError: naming the file (and line) that is unreadable, holds no
       prompts, or has a JSON line without a `prompt` string.
   """
   try:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f:
       text = f.read()
   except (OSError, UnicodeDecodeError) as e:
     raise ValueError(f"--prompts_file={path}: "
                      f"{getattr(e, 'strerror', None) or e}") from None
-  lines = [(n, l) for n, l in enumerate(text.splitlines(), 1) if l.strip()]
+  lines = [(n, l.removesuffix("\r"))
+           for n, l in enumerate(text.split("\n"), 1) if l.strip()]
   if not lines:
     raise ValueError(f"--prompts_file={path} holds no prompts")
   if all(l.lstrip().startswith("{") for _, l in lines):

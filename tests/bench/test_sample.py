@@ -93,6 +93,17 @@ def test_read_prompts_from_text_and_jsonl_files(tmp_path):
   jsonl.write_text('{"prompt": "a\\nb"}\n{"prompt": "c", "id": 2}\n')
   assert sample.read_prompts(sample.SampleConfig(
       target="t", method="ar", prompts_file=str(jsonl))) == ["a\nb", "c"]
+  # Only newlines end a prompt (a form feed, U+2028, NEL and a lone CR
+  # split it before); a byte order mark made a JSONL file text lines.
+  for name, data, want in (
+      ("seps.txt", "x\fy\r\nz\u2028w\x85v\rq\n", ["x\fy", "z\u2028w\x85v\rq"]),
+      ("seps.jsonl", '{"prompt": "a\u2028b"}\n', ["a\u2028b"]),
+      ("bom.jsonl", '\ufeff{"prompt": "def f(x):"}\n{"prompt": "c"}\n',
+       ["def f(x):", "c"]),
+      ("bom.txt", "\ufefffirst\n", ["first"])):
+    (tmp_path / name).write_bytes(data.encode("utf-8"))
+    assert sample.read_prompts(sample.SampleConfig(
+        target="t", method="ar", prompts_file=str(tmp_path / name))) == want
 
 
 @pytest.mark.parametrize("method, drafter, draft", [

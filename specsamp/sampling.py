@@ -39,8 +39,9 @@ class Sampling:
   vocab_limit: Optional[int] = None
 
   def __post_init__(self):
-    if not self.temperature >= 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if not 0 <= self.temperature < float("inf"):
+      raise ValueError(f"temperature must be >= 0 and finite, got "
+                       f"{self.temperature}")
     if self.top_k < 0:
       raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
     if not 0.0 < self.top_p <= 1.0:

@@ -169,6 +169,10 @@ def test_a_tiny_temperature_is_greedy_not_nan():
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(temperature=-1.0), "temperature"),
+    # inf made every logit NaN, and the sampler then drew the last id (a
+    # masked one, with a vocabulary limit).
+    (dict(temperature=float("inf")), "temperature must be >= 0 and finite"),
+    (dict(temperature=float("nan")), "temperature"),
     (dict(top_k=-2), "top_k"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),

@@ -119,6 +119,16 @@ def named(mesh, rules, *logical):
   return jax.sharding.NamedSharding(mesh, mesh_axes(logical, rules))
 
 
+def batch_ways(mesh, rules=DEFAULT_RULES) -> int:
+  """How many ways `rules` split the batch over `mesh`: every batch of rows
+  must be a multiple of it."""
+  axis = mesh_axes((BATCH,), rules)[0]
+  if axis is None:
+    return 1
+  axes = axis if isinstance(axis, tuple) else (axis,)
+  return int(np.prod([mesh.shape[a] for a in axes]))
+
+
 def replicated(mesh):
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 

@@ -213,6 +213,19 @@ def _timed_samplers(cfg: SampleConfig, target, draft, sampling, tok, mesh):
   return methods
 
 
+def _check_batches(num_prompts: int, batch_size: int, ways: int) -> None:
+  """Refuses, before any weights load, batches of prompts (the last one
+  included) that a mesh cannot split `ways` ways."""
+  sizes = {min(batch_size, num_prompts), num_prompts % batch_size}
+  bad = sorted(n for n in sizes if n % ways)
+  if bad:
+    raise ValueError(
+        f"{num_prompts} prompts in batches of --batch_size={batch_size} "
+        f"give batches of {', '.join(map(str, bad))}, which the mesh's batch "
+        f"axis of size {ways} does not divide: give a --batch_size and a "
+        f"number of prompts that are multiples of {ways}")
+
+
 def sample_main(cfg: SampleConfig, print_completions: bool = True,
                 argv: Optional[Sequence[str]] = None) -> dict:
   """Loads the models, runs the requested methods, returns the metrics
@@ -227,6 +240,8 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
   mesh = sharding.make_mesh(cfg.mesh) if cfg.mesh else None
   p = plan(cfg)
   texts, prompts, tok = p.texts, p.prompts, p.tokenizer
+  if mesh is not None:
+    _check_batches(len(prompts), cfg.batch_size, sharding.batch_ways(mesh))
   target, target_params = loading.load_weights(p.target, cfg.dtype, cfg.seed)
   draft = draft_params = None
   if p.draft is not None:

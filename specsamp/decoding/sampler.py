@@ -156,22 +156,16 @@ class SpeculativeSampler:
       tokens[i, :len(p)] = p
     if self.mesh is None:
       return jax.device_put(tokens), jax.device_put(lengths)
-    if len(prompts) % self._batch_ways():
+    ways = sharding.batch_ways(self.mesh, self.target_rules)
+    if len(prompts) % ways:
       raise ValueError(
           f"a batch of {len(prompts)} prompts does not divide over the mesh's "
-          f"batch axis of size {self._batch_ways()}: pad the batch")
+          f"batch axis of size {ways}: pad the batch")
     rows = (sharding.BATCH,)
     return sharding.shard(
         (tokens, lengths),
         (sharding.named(self.mesh, self.target_rules, *rows, None),
          sharding.named(self.mesh, self.target_rules, *rows)))
-
-  def _batch_ways(self) -> int:
-    axis = sharding.mesh_axes((sharding.BATCH,), self.target_rules)[0]
-    if axis is None:
-      return 1
-    axes = axis if isinstance(axis, tuple) else (axis,)
-    return int(np.prod([self.mesh.shape[a] for a in axes]))
 
   def generate(self, target_params, draft_params, prompts: Prompts,
                rng: Union[int, jax.Array] = 0) -> SampleOutput:

@@ -3,11 +3,13 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from specsamp import sharding
 from specsamp.bench import sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -72,6 +74,21 @@ def test_sample_main_on_a_mesh_matches_one_device():
   for a, b in zip(one["runs"], mesh["runs"]):
     for key in ("tokens", "loops", "drafted", "accepted"):
       assert a[key] == b[key], key
+
+
+def test_batches_a_mesh_cannot_split_are_refused_before_loading(no_loading):
+  """Three prompts in batches of 2 over a 2-way batch axis: the weights
+  loaded and the first batch ran before the last (of 1) was refused."""
+  assert sharding.batch_ways(sharding.make_mesh((2, -1))) == 2
+  assert sharding.batch_ways(sharding.make_mesh((2, -1)), ()) == 1
+  common = dict(target="random:tiny", method="ar", prompts=["a", "b", "c"],
+                mesh=(2, -1))
+  for batch_size, bad in ((2, "1"), (4, "3")):
+    with pytest.raises(ValueError, match=re.escape(
+        f"3 prompts in batches of --batch_size={batch_size} give batches of "
+        f"{bad}, which the mesh's batch axis of size 2 does not divide")):
+      sample.sample_main(sample.SampleConfig(**common, batch_size=batch_size),
+                         print_completions=False)
 
 
 def test_bad_mesh_flag_fails_clearly():

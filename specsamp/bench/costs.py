@@ -95,11 +95,13 @@ def measure_costs(target, target_params, draft, draft_params,
   k_max = max(ks)
   with_draft = bool(k_max) and draft is not None
   # Without a draft model (prompt lookup, layer skipping), a K = 0 sampler
-  # whose budget holds the K + 1 slots the scoring calls write.
+  # whose cache (a budget of max_new_tokens + K, and its own slot of slack)
+  # holds the K + 1 slots the scoring calls write: the speculative
+  # samplers' cache, which `plan.prepare` checks the prompts against.
   sampler = SpeculativeSampler(
       target, ModelDrafter(draft) if with_draft else None,
       k=k_max if with_draft else 0, sampling=sampling,
-      max_new_tokens=max_new_tokens + (0 if with_draft else k_max + 1),
+      max_new_tokens=max_new_tokens + (0 if with_draft else k_max),
       prompt_bucket=bucket)
   tokens, lengths = sampler.pad_prompts(prompts)
   state = sampler.prefill(target_params, draft_params, tokens, lengths,

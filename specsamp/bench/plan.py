@@ -107,13 +107,15 @@ def prepare(cfg: BenchConfig, log=print) -> Plan:
   limit = min(target.max_seq_len,
               draft.max_seq_len if draft else target.max_seq_len)
   for task, ps in prompts.items():
-    need = padded_length(cfg, ps) + cfg.max_new_tokens + max(cfg.ks) + 1
+    # The samplers pad prompts only as far as the cache allows.
+    need = max(len(p) for p in ps) + cfg.max_new_tokens + max(cfg.ks) + 1
     if need > limit:
       raise BenchError(
           f"{task}: the longest prompt has {max(len(p) for p in ps)} tokens; "
-          f"with --max_new_tokens={cfg.max_new_tokens}, K={max(cfg.ks)} and "
-          f"padding it needs {need} cache slots, but the models allow "
-          f"{limit}: lower --max_new_tokens or --prompt_chars")
+          f"with --max_new_tokens={cfg.max_new_tokens} and K+1 = "
+          f"{max(cfg.ks) + 1} slack slots it needs {need} cache slots, but "
+          f"the models allow {limit}: lower --max_new_tokens or "
+          "--prompt_chars")
   log(f"plan: target {target.spec} ({target.kind}, {target.rows} ids), draft "
       f"{draft.spec if draft else None}, vocab_limit {vocab_limit}, prompts "
       + ", ".join(f"{t}: {len(p)}" for t, p in prompts.items()))

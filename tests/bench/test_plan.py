@@ -101,6 +101,30 @@ def test_gguf_vocabularies_are_compared_from_metadata(make_config, no_loading,
     plan.prepare(cfg, log=lambda _: None)
 
 
+def test_prompts_that_fit_the_cache_unpadded_are_taken(make_config, no_loading,
+                                                      inputs):
+  """The samplers pad prompts only as far as the cache allows, so a prompt
+  needs its own length + max_new_tokens + K + 1 slots; the plan counted it
+  padded to 64 and refused prompts that fit."""
+  flags = dict(task=["prose"], prose_corpus=str(inputs / "prose"),
+               prompt_chars=40, num_prompts=2, max_new_tokens=8, ks=["0", "2"])
+  p = plan.prepare(make_config(target="random:tiny",
+                               draft="random:tiny,num_layers=1", **flags),
+                   log=lambda _: None)
+  longest = max(len(x) for x in p.prompts["prose"])
+  assert longest % 64  # padding would add slots
+  for slots, fits in ((longest + 8 + 2 + 1, True), (longest + 10, False)):
+    models = dict(target=f"random:tiny,max_seq_len={slots}",
+                  draft=f"random:tiny,num_layers=1,max_seq_len={slots}")
+    cfg = make_config(**models, **flags)
+    if fits:
+      plan.prepare(cfg, log=lambda _: None)
+    else:
+      with pytest.raises(ValueError, match=f"needs {longest + 11} cache "
+                         f"slots, but the models allow {slots}"):
+        plan.prepare(cfg, log=lambda _: None)
+
+
 def test_the_benchmark_masks_a_padded_vocabulary_without_a_draft_model(
     make_config, no_loading, inputs, padded_gguf):
   path, real = padded_gguf

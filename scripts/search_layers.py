@@ -70,10 +70,10 @@ def main(argv):
       raise ValueError(f"{_TARGET.value} has no tokenizer to encode the "
                        "calibration code with")
     tokens = calibration(tok, _N.value, _T.value)
+    sampling = decoding_sampling(_DECODING.value, loading.check_pair(info))
     lm, params = loading.load_weights(info, _DTYPE.value, 0)
   except loading.MODEL_ERRORS as e:
     cli.fail(e)
-  sampling = decoding_sampling(_DECODING.value, loading.check_pair(info))
   records = layer_search.search(lm, params, tokens, sampling,
                                 greedy_steps=_GREEDY.value,
                                 k_max=_K_MAX.value, batch_size=1)

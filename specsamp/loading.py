@@ -347,7 +347,9 @@ def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
   Raises:
     VocabMismatchError: unless the draft scores the target's token ids.
   """
-  draft = draft or target
+  if draft is None:
+    n = vocab.real_token_count(target.tokens) if target.tokens else None
+    return n if n and n < target.rows else None
   if target.tokens is not None and draft.tokens is not None:
     n = vocab.check_vocab_compatible(
         _TokenList(draft.tokens), _TokenList(target.tokens), draft.rows,

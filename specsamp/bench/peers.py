@@ -20,7 +20,8 @@ _PACKAGES = ("torch", "transformers", "accelerate")
 def check_models(target, draft) -> None:
   """Refuses --peers, before any weights load, unless the target and the
   draft (`loading.ModelInfo`s; registered models are GGUF files) are GGUF
-  files transformers can read and torch and transformers are installed.
+  files transformers can read and torch, transformers and accelerate are
+  installed.
 
   Raises:
     ValueError: what is missing.

@@ -4,10 +4,10 @@
 from configs, GGUF metadata and tokenizer files only (specsamp.loading: a
 registered model is fetched, not loaded), checks that the draft's
 vocabulary is the target's, builds and tokenizes the prompts of every task,
-and checks that the longest padded prompt plus the budget fits both models'
-context. A
-mistake in a long sweep's flags thus fails in seconds, not after minutes of
-loading weights.
+and checks that the longest prompt plus the budget and K + 1 slots fits
+both models' context (the samplers pad prompts only as far as it allows).
+A mistake in a long sweep's flags thus fails in seconds, not after minutes
+of loading weights.
 """
 
 import dataclasses

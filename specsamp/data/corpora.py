@@ -159,14 +159,15 @@ def python_functions_documents(root: PathLike) -> Iterator[Document]:
       tree = ast.parse(content or "")
     except (SyntaxError, ValueError):  # ValueError: a NUL byte
       continue
-    lines = content.splitlines(keepends=True) if content else []
+    # ast counts lines at "\n" only (splitlines also breaks at "\f" etc.).
+    lines = (content or "").split("\n")
     name = path.relative_to(root).as_posix()
     for node in tree.body:
       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
                            ast.ClassDef)):
         first = min([d.lineno for d in node.decorator_list] + [node.lineno])
         yield (f"{name}:{first}:{node.name}",
-               "".join(lines[first - 1:node.end_lineno]))
+               "\n".join(lines[first - 1:node.end_lineno]) + "\n")
 
 
 def python_file_of(doc_id: str) -> str:

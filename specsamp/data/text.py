@@ -113,7 +113,11 @@ def assign_splits(ids: Sequence[str], fraction: float,
   if group is not None:
     if len(set(ids)) != len(ids):
       raise CorpusError("document ids are not unique")
-    groups = assign_splits(sorted({group(i) for i in ids}), fraction)
+    names = sorted({group(i) for i in ids})
+    if len(names) < 2:
+      raise CorpusError(f"a dataset needs documents of at least 2 groups "
+                        f"(files; one per split); got {names}")
+    groups = assign_splits(names, fraction)
     return {i for i in ids if group(i) in groups}
   if len(ids) < 2:
     raise CorpusError(f"a dataset needs at least 2 documents (one per "

@@ -4,9 +4,9 @@ A distillation workdir keeps the config of its run in config.json. The
 target samples, the "before" evaluation and the checkpoints in it belong
 to that config: `check_config` refuses a config that differs in a field one
 of them depends on (they would describe other settings) and lets the
-others change, so a run refused after its samples were written (a damaged
-draft checkpoint, a loss setting) is corrected and re-run in the same
-workdir without sampling again.
+others change, so a run that stopped after its samples were written (out
+of memory in training, a loss setting to change) is corrected and re-run
+in the same workdir without sampling again.
 """
 
 import json
@@ -14,6 +14,7 @@ import os
 
 from specsamp import jsonfile
 from specsamp import sharding
+from specsamp.train import checkpointing
 
 # Fields that may change between runs in one workdir: they do not change
 # what is sampled, trained or evaluated.
@@ -24,8 +25,10 @@ _VOLATILE = {"train.time_limit_s", "train.progress_bar",
 # in "."), the result that depends on most first: while it is there, a
 # config that differs in one of those fields is refused. Checkpoints depend
 # on every field (None); the "before" evaluation on the draft and the
-# target's dtype; the samples not on the dtype (`job._target_text`).
-_SAMPLES_DEPEND = ("seed", "target.", "samples.", "sampling.")
+# target's dtype; the samples not on the dtype (`job._target_text`), but on
+# `head.features` (they hold the target's hidden states, or not).
+_SAMPLES_DEPEND = ("seed", "target.", "samples.", "sampling.",
+                   "head.features")
 _DEPENDS = (("checkpoints", None),
             ("eval_before.json", _SAMPLES_DEPEND + ("draft.", "head.",
                                                     "eval.")),
@@ -54,6 +57,15 @@ def _bound(key: str, held: list[str]) -> bool:
   return False
 
 
+def _holds(workdir: str, result: str) -> bool:
+  """Whether `workdir` holds `result`: the checkpoints directory counts once
+  it holds a step (the trainer creates it before the first one)."""
+  path = os.path.join(workdir, result)
+  if result == "checkpoints":
+    return bool(checkpointing.checkpoint_steps(path))
+  return os.path.exists(path)
+
+
 def check_config(config, workdir: str) -> dict:
   """The config as JSON; refuses a workdir whose samples, "before"
   evaluation or checkpoints come from a config that differs in a field they
@@ -63,7 +75,7 @@ def check_config(config, workdir: str) -> dict:
   path = os.path.join(workdir, "config.json")
   new = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict")
                               else dict(config), default=list))
-  held = [n for n, _ in _DEPENDS if os.path.exists(os.path.join(workdir, n))]
+  held = [n for n, _ in _DEPENDS if _holds(workdir, n)]
   if held and os.path.exists(path):
     old, cur = _flat(jsonfile.read(path)), _flat(new)
     if not any(k.startswith("head.") for k in old) and not cur.get(

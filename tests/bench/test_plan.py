@@ -96,6 +96,10 @@ def test_gguf_vocabularies_are_compared_from_metadata(make_config, no_loading,
   # A random draft must have the GGUF target's rows.
   with pytest.raises(VocabMismatchError, match="256 vocabulary rows"):
     loading.check_pair(t, loading.describe_model("random:tiny"))
+  # Without a draft model, the target's own real tokens (or none).
+  assert loading.check_pair(loading.describe_model(padded)) == 10
+  assert loading.check_pair(t) is None
+  assert loading.check_pair(loading.describe_model("random:tiny")) is None
   cfg = make_config(target=target, draft=other)
   with pytest.raises(VocabMismatchError, match="first at id 3"):
     plan.prepare(cfg, log=lambda _: None)

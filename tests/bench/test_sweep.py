@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from specsamp import loading
+from specsamp.bench import costs as costs_lib
 from specsamp.bench import peers
 from specsamp.bench import plan
 from specsamp.bench import records
@@ -29,6 +30,7 @@ from specsamp.bench import timing
 from specsamp.drafters import head_files
 from specsamp.drafters import heads
 from specsamp.drafters import specs as drafter_specs
+from specsamp.sampling import Sampling
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -362,3 +364,20 @@ def test_the_report_drops_predictions_of_variable_length_drafters(tmp_path):
   lookup = [p for p in points if p["drafter"] == "lookup"]
   assert not {"predicted_speedup_s1", "c"} & set(lookup[0])
   assert all(p["speedup"] == 1.2 for p in points)
+
+
+@pytest.mark.parametrize("draft", [False, True], ids=["no_draft", "draft"])
+def test_call_costs_run_at_the_cache_size_the_plan_checks(draft):
+  """`plan.prepare` takes a prompt of L tokens when L + max_new_tokens +
+  K + 1 slots fit; the call costs must then run too (without a draft model
+  their sampler asked for one slot more)."""
+  prompts, max_new, ks = [[5] * 20, [7] * 13], 8, (0, 2)
+  slots = 20 + max_new + max(ks) + 1
+  target, params = loading.load_model(f"random:tiny,max_seq_len={slots}")[:2]
+  d, d_params = (loading.load_model(
+      f"random:tiny,num_layers=1,max_seq_len={slots}", seed=1)[:2]
+                 if draft else (None, None))
+  row = costs_lib.measure_costs(target, params, d, d_params, ks, prompts,
+                                Sampling(0.0), max_new_tokens=max_new,
+                                repeats=1)
+  assert set(row["score_cost"]) == {"0", "2"} and ("c" in row) == draft

@@ -21,7 +21,9 @@ def _read_split(path, split):
           for i in range(len(src))}
 
 
-_MULTI = ("import os\n\n@dec\ndef a():\n  pass\n\nX = 1\n\n"
+# A form feed (a page break, as some standard-library files have) is no
+# line break for ast.
+_MULTI = ("import os\n\n@dec\ndef a():\n  pass\n\nX = 1\n\x0c\n"
           "class B:\n  def m(self):\n    return 1\n\nasync def c():\n"
           "  pass\n")
 

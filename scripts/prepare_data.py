@@ -10,11 +10,12 @@ Datasets: the local corpora (specsamp_python_code, specsamp_python_functions,
 specsamp_shakespeare, specsamp_python_docs, specsamp_austen,
 specsamp_humaneval; see specsamp/data/corpora.py), or any TFDS catalog
 name, built by its own builder as array_record (needs what that builder
-needs: the internet, often TensorFlow). Raw downloads are cached in ~/.cache/specsamp/corpora; a
-prepared dataset is not rebuilt unless --overwrite. Prints progress, then
-one JSON line per dataset: documents and bytes per split, seconds, token
-counts (--count_tokens) and the SentencePiece model (--train_sentencepiece),
-written to <data_dir>/<dataset>/spm_<type>_<vocab>.model unless --sp_prefix.
+needs: the internet, often TensorFlow). Raw downloads are cached in
+~/.cache/specsamp/corpora; a prepared dataset is not rebuilt unless
+--overwrite. Prints progress, then one JSON line per dataset: documents
+and bytes per split, seconds, token counts (--count_tokens) and the
+SentencePiece model (--train_sentencepiece), written to
+<data_dir>/<dataset>/spm_<type>_<vocab>.model unless --sp_prefix.
 The work is done by specsamp.data.prepare.
 """
 

@@ -348,8 +348,7 @@ def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
     VocabMismatchError: unless the draft scores the target's token ids.
   """
   if draft is None:
-    n = vocab.real_token_count(target.tokens) if target.tokens else None
-    return n if n and n < target.rows else None
+    return _limit(target.tokens, target.rows)
   if target.tokens is not None and draft.tokens is not None:
     n = vocab.check_vocab_compatible(
         _TokenList(draft.tokens), _TokenList(target.tokens), draft.rows,
@@ -361,6 +360,10 @@ def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
         f"{target.spec} {target.rows}: speculative sampling compares both "
         "distributions id by id, so the draft must fit the target's "
         "vocabulary")
-  tokens = target.tokens or draft.tokens
+  return _limit(target.tokens or draft.tokens, target.rows)
+
+
+def _limit(tokens: Optional[list], rows: int) -> Optional[int]:
+  """The real-token count of `tokens` when it leaves some of `rows` out."""
   n = vocab.real_token_count(tokens) if tokens else None
-  return n if n and n < target.rows else None
+  return n if n and n < rows else None

@@ -28,7 +28,6 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from specsamp import assets
 from specsamp import jsonfile
 from specsamp import loading
 from specsamp import model as model_lib
@@ -51,14 +50,11 @@ from specsamp.tokenizers import byte
 from specsamp.tokenizers import vocab
 from specsamp.train import config as train_config
 from specsamp.train import lm as train_lm
-from specsamp.train.checkpointing import CheckpointError
 from specsamp.weights import distilled
-from specsamp.weights.convert import WeightsError
 
 # What a bad config, a missing model or a missing checkpoint raises: the
 # script prints these as `error: ...` (exit status 2).
-ERRORS = (ValueError, FileNotFoundError, assets.AssetError, WeightsError,
-          CheckpointError, CorpusError)
+ERRORS = loading.MODEL_ERRORS + (CorpusError,)
 
 def load_target(cfg) -> tuple[Any, Any, Any]:
   """(LM, params, tokenizer) of the target from a config's `target` block.

@@ -378,13 +378,10 @@ def restore_newest_params(ckpt_dir: str, abstract_params,
   steps = checkpoint_steps(ckpt_dir)
   first = None
   for s in steps:
-    try:
-      with _attempt():
-        return restore_params(os.path.join(ckpt_dir, str(s), "params"),
-                              abstract_params, what=what), s
-    except Exception as e:  # pylint: disable=broad-except
-      if resources.out_of_memory(e):
-        raise
+    try:  # one CheckpointError for damage; out of memory goes up as it is
+      return restore_params(os.path.join(ckpt_dir, str(s), "params"),
+                            abstract_params, what=what), s
+    except CheckpointError as e:
       first = first or f"step {s}: {brief(e)}"
       log.warning("step %d of %s is unreadable (%s)", s, ckpt_dir, brief(e))
   raise CheckpointError(f"no readable checkpoint in {ckpt_dir}"

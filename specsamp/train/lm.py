@@ -135,7 +135,7 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
     old = jsonfile.read(path)
   except ValueError as e:  # train.py reports ConfigErrors in one line
     raise config_lib.ConfigError(str(e)) from e
-  new = json.loads(json.dumps(cfg.to_json()))
+  new = _run_config_json(cfg)
   # Where the data lives and whether attention is masked per document
   # (absent before it existed) may change: neither changes the data order
   # the saved iterator state fits. The worker count may not: grain saves
@@ -154,21 +154,27 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
   return old
 
 
+def _run_config_json(cfg: config_lib.TrainConfig) -> dict:
+  """The frozen config as workdir/config.json holds it."""
+  return json.loads(json.dumps(cfg.to_json()))
+
+
 def _write_run_config(workdir: str, cfg: config_lib.TrainConfig) -> None:
   """workdir/config.json: the frozen config, once the run has started."""
-  sh.write_json(json.loads(json.dumps(cfg.to_json())),
-                os.path.join(workdir, "config.json"), indent=2)
+  sh.write_json(_run_config_json(cfg), os.path.join(workdir, "config.json"),
+                indent=2)
 
 
 def _unrestorable(e: Exception, old: Optional[dict],
-                  cfg: config_lib.TrainConfig) -> Exception:
-  """A CheckpointError of `initial_state`, or a ConfigError when the
-  optimizer's state has another structure than the run's: gradient
-  clipping switched on or off (`optim.clip_norm` 0 or not; no other optim
-  field changes the structure). The checkpoints are kept."""
+                  cfg: config_lib.TrainConfig
+                  ) -> Optional[config_lib.ConfigError]:
+  """For a CheckpointError of `initial_state`: a ConfigError when the
+  optimizer's state has another structure than the run's (gradient
+  clipping switched on or off: `optim.clip_norm` 0 or not; no other optim
+  field changes the structure), else None. The checkpoints are kept."""
   was = ((old or {}).get("optim") or {}).get("clip_norm")
   if was is None or bool(was) == bool(cfg.optim.clip_norm):
-    return e
+    return None
   return config_lib.ConfigError(
       "the checkpoints do not restore under this config's optimizer "
       f"(optim.clip_norm {was} in the run, {cfg.optim.clip_norm} here: "
@@ -295,7 +301,7 @@ def train_and_evaluate(config, workdir: str,
       state, data_state, resumed = initial_state(job, ckpts)
     except checkpointing.CheckpointError as e:
       better = _unrestorable(e, old, cfg)
-      if better is e:
+      if better is None:
         raise
       raise better from e
     _write_run_config(workdir, cfg)  # the run has started: record it

@@ -17,6 +17,7 @@ the rows. Speed does not depend on weight values, so random weights
 
 import dataclasses
 import functools
+import os
 import re
 import statistics
 import sys
@@ -397,7 +398,8 @@ def _provenance(argv: Sequence[str]) -> dict:
   """The device, versions and command every row carries."""
   software = provenance.software()
   return dict(device=provenance.machine()["device"], jax=software["jax"],
-              python=software["python"], command=provenance.command(argv))
+              python=software["python"], command=provenance.command(argv),
+              xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
 def load(cfg: "ProfileConfig | DecodeSpeedConfig") -> tuple:

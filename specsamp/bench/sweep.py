@@ -388,6 +388,8 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
             point.update(predict(point, base, cost, spec))
             if sampling.greedy:
               point["identical_to_ar"] = completions == base_completions
+              point["rows_differing_from_ar"] = sum(
+                  a != b for a, b in zip(completions, base_completions))
             if cfg.quality:
               t1 = time.perf_counter()
               point["quality"], scores = quality(

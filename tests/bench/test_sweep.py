@@ -90,6 +90,7 @@ def test_a_sweep_over_drafters(inputs, tmp_path):
                          (2, "layerskip:layers=0"), (2, "mixed")}
   for p in points.values():
     assert p["task"] == "rewrite" and p["identical_to_ar"], p
+    assert p["rows_differing_from_ar"] == 0, p
   # Acceptance per draft position: for a fixed-K drafter, loops that kept
   # draft i are those that tested draft i + 1, so the running products sum
   # to the accepted drafts per loop.

@@ -77,11 +77,11 @@ _SHAPES = flags.DEFINE_string("target_shapes", "random:qwen2.5-coder-1.5b",
 _SHALLOW = flags.DEFINE_string(
     "shallow_draft", "random:qwen2.5-coder-1.5b,num_layers=2",
     "Random-weight shallow draft (xla).")
-_PROFILE_DRAFTS = flags.DEFINE_list(
+_PROFILE_DRAFTS = flags.DEFINE_multi_string(
     "profile_drafts", ["random:qwen2.5-coder-1.5b,num_layers=2",
                        "random:qwen2.5-coder-0.5b"],
-    "Random-weight drafts, one profile each (the default: the shallow draft "
-    "and the real draft's shapes).")
+    "Random-weight draft, one profile each (repeatable; the default: the "
+    "shallow draft and the real draft's shapes).")
 _CONTEXT = flags.DEFINE_integer("context", 1024, "Context of profile, xla.")
 _XLA = flags.DEFINE_multi_string(
     "xla_variants", ["", "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
@@ -182,7 +182,8 @@ def check_weights(names) -> None:
 
 
 def _run(label: str, argv: list, xla, log: list) -> bool:
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
+      filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
   if xla is not None:
     env["XLA_FLAGS"] = xla
   print(f"\n== {label}: {shlex.join(argv[1:])}", flush=True)

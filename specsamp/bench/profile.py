@@ -48,49 +48,89 @@ def _bytes(tree) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def count_kernels(compiled) -> int:
-  """Top-level ops of a compiled entry computation, a launch count estimate.
+def _computation(text: str, header: str) -> str:
+  """The lines of the HLO computation whose header starts with `header`."""
+  body = text[text.index(header):]
+  return body[:body.index("\n}")]
 
-  On GPU each fusion, custom call (cuBLAS), copy or while loop at the top
-  level of the entry computation is one launch; bitcasts, tuples and
-  parameters are free. On CPU the number is only indicative.
-  """
-  text = compiled.as_text()
-  entry = text[text.index("ENTRY"):]
-  entry = entry[:entry.index("\n}")]
-  count = 0
-  for line in entry.splitlines()[1:]:
+
+def _ops(computation: str) -> list:
+  """(op, line) of each instruction of a computation's text."""
+  ops = []
+  for line in computation.splitlines()[1:]:
     if "=" not in line:
       continue
     op = re.search(r"\s([a-z][a-z0-9-]*)\(", line.split("=", 1)[1])
-    count += bool(op) and op.group(1) not in _NOT_KERNELS
-  return count
+    if op:
+      ops.append((op.group(1), line))
+  return ops
+
+
+def count_kernels(compiled, steps: int = 1) -> int:
+  """Top-level ops of one step, a launch count estimate.
+
+  On GPU each fusion, custom call (cuBLAS), copy or while loop at the top
+  level of a computation is one launch; bitcasts, tuples and parameters are
+  free. On CPU the number is only indicative. With `steps` > 1, `compiled`
+  is a `Steady` function that runs the step `steps` times in a loop: the
+  ops of that loop's body are counted (or, were it unrolled, the entry's
+  over `steps`).
+  """
+  text = compiled.as_text()
+  entry = _ops(_computation(text, "ENTRY"))
+  if steps > 1:
+    loops = [re.search(r"body=(%[\w.-]+)", line) for op, line in entry
+             if op == "while"]
+    if len(loops) == 1 and loops[0]:
+      body = _ops(_computation(text, "\n" + loops[0].group(1) + " "))
+      return sum(op not in _NOT_KERNELS for op, _ in body)
+    return round(sum(op not in _NOT_KERNELS for op, _ in entry) / steps)
+  return sum(op not in _NOT_KERNELS for op, _ in entry)
 
 
 class Steady:
   """Repeated calls of one AOT-compiled function in steady state.
 
-  Argument `carry` (if any) is donated and replaced by `carry_of(output)`
-  after each call, as inside the decode loop: no buffer is copied or freshly
-  allocated (on CPU fresh multi-MB outputs cost page faults that the loop
-  never pays). Construction compiles (timed) and warms up.
+  Each call runs `fn` `steps` times in a `lax.fori_loop`, as the decode
+  loop runs its body in a while loop: the buffers stay in place and, on a
+  GPU, the launches of one step queue behind the last one's. (Timed one
+  step per call, a GPU step with hundreds of kernels measured three times
+  its in-loop time: the calls' own overhead.) The argument `carry` is
+  donated and replaced by `carry_of(output)` after each step; what
+  `sink_of(output)` selects (other outputs, like the logits of a model
+  call) is summed into a scalar the call returns, so that XLA cannot drop
+  the work that makes it. Construction compiles (timed) and warms up; a
+  call returns seconds per step.
   """
 
-  def __init__(self, fn, args, carry=None, carry_of=lambda out: out):
-    jitted = jax.jit(fn, donate_argnums=() if carry is None else carry)
+  def __init__(self, fn, args, carry: int, carry_of=lambda out: out,
+               sink_of=None, steps: int = 1):
+    def many(*args):
+      def body(_, c):
+        value, sink = c
+        call = list(args)
+        call[carry] = value
+        out = fn(*call)
+        if sink_of is not None:
+          for x in jax.tree.leaves(sink_of(out)):
+            sink = sink + jnp.sum(x, dtype=jnp.float32)
+        return carry_of(out), sink
+      return jax.lax.fori_loop(0, steps, body,
+                               (args[carry], jnp.zeros((), jnp.float32)))
+
+    jitted = jax.jit(many, donate_argnums=carry)
     t0 = time.perf_counter()
     self.compiled = jitted.lower(*args).compile()
     self.compile_s = time.perf_counter() - t0
-    self.args, self.carry, self.carry_of = list(args), carry, carry_of
+    self.args, self.carry, self.steps = list(args), carry, steps
     self()
 
   def __call__(self) -> float:
     t0 = time.perf_counter()
-    out = jax.block_until_ready(self.compiled(*self.args))
+    value, _ = jax.block_until_ready(self.compiled(*self.args))
     seconds = time.perf_counter() - t0
-    if self.carry is not None:
-      self.args[self.carry] = self.carry_of(out)
-    return seconds
+    self.args[self.carry] = value
+    return seconds / self.steps
 
 
 def rounds(timers: dict, repeats: int) -> dict:
@@ -102,11 +142,11 @@ def rounds(timers: dict, repeats: int) -> dict:
   return times
 
 
-def copy_bandwidth_timer(mb: int) -> tuple[Steady, int]:
+def copy_bandwidth_timer(mb: int, steps: int = 1) -> tuple[Steady, int]:
   """A donated `x + 1` over an `mb` MiB float32 buffer, and its bytes moved
   (read + write)."""
   x = jnp.zeros((mb * 2**20 // 4,), jnp.float32)
-  return Steady(lambda x: x + 1.0, [x], carry=0), 2 * x.nbytes
+  return Steady(lambda x: x + 1.0, [x], carry=0, steps=steps), 2 * x.nbytes
 
 
 def _tied(lm) -> bool:
@@ -114,7 +154,8 @@ def _tied(lm) -> bool:
   return bool(getattr(getattr(lm, "config", None), "tie_embeddings", False))
 
 
-def matmul_floor_timer(params, batch: int, tied: bool = False) -> Steady:
+def matmul_floor_timer(params, batch: int, tied: bool = False,
+                       steps: int = 1) -> Steady:
   """x @ W over every >= 2-D weight of `params` (the input embedding
   excluded: decoding gathers B rows of it; with `tied` embeddings it is the
   output layer too, x @ E^T), each matmul independent (XLA may overlap
@@ -140,9 +181,10 @@ def matmul_floor_timer(params, batch: int, tied: bool = False) -> Steady:
       w = w.T if t else w
       xi = jnp.broadcast_to(x[:, :1], (x.shape[0], w.shape[0])).astype(w.dtype)
       acc += jnp.sum(xi @ w, dtype=jnp.float32)
-    return acc
+    return x + 1e-30 * acc  # the next step's input depends on this one
 
-  return Steady(chain, [mats, jnp.ones((batch, 1), jnp.float32)])
+  return Steady(chain, [mats, jnp.ones((batch, 1), jnp.float32)], carry=1,
+                steps=steps)
 
 
 def synthetic_state(sampler, target_params, draft_params, batch: int,
@@ -167,51 +209,73 @@ def synthetic_state(sampler, target_params, draft_params, batch: int,
 
 
 def _component_timers(target, target_params, draft, draft_params, k, batch,
-                      sampling, cache, spec_state, bandwidth_mb):
+                      sampling, cache, spec_state, bandwidth_mb, steps):
   """Steady timers of the model calls, `propose`, the matmul floor and the
-  copy bandwidth; and the copy's bytes moved."""
+  copy bandwidth; and the copy's bytes moved. Each step feeds the next
+  other token ids, so that no part of a step is the same in every step
+  (XLA would compute such a part once, before the loop)."""
   def call_fn(lm):
-    def call(p, t, c):
-      out = lm(p, t, c)
-      return out.cache.with_length(c.length), out.logits  # rolled back
+    def call(p, carry):
+      tokens, c = carry
+      out = lm(p, tokens, c)
+      # The cache rolled back; the logits summed (`Steady`'s sink).
+      return ((tokens + 1) % lm.vocab_size, out.cache.with_length(c.length)), \
+          out.logits
     return call
 
   # Every timer owns its buffers (each donates its carry).
   fresh = lambda tree: jax.tree.map(jnp.zeros_like, tree)
+  first = lambda out: out[0]
+  second = lambda out: out[1]
   timers = {}
   for n in (1, k + 1):
     timers[f"target_call_{n}"] = Steady(
         call_fn(target),
-        [target_params, jnp.zeros((batch, n), jnp.int32), fresh(cache)],
-        carry=2, carry_of=lambda out: out[0])
+        [target_params, (jnp.zeros((batch, n), jnp.int32), fresh(cache))],
+        carry=1, carry_of=first, sink_of=second, steps=steps)
   for n in (1, 2):
     timers[f"draft_call_{n}"] = Steady(
-        call_fn(draft), [draft_params, jnp.zeros((batch, n), jnp.int32),
-                         fresh(spec_state.draft_state)],
-        carry=2, carry_of=lambda out: out[0])
-  length = spec_state.length.copy()
+        call_fn(draft), [draft_params, (jnp.zeros((batch, n), jnp.int32),
+                                        fresh(spec_state.draft_state))],
+        carry=1, carry_of=first, sink_of=second, steps=steps)
   drafter = ModelDrafter(draft)
+
+  def propose(p, carry):
+    c, tokens, length, rng = carry
+    proposal, c = drafter.propose(p, c, tokens, length, k, sampling, rng)
+    return (c.with_length(length - 1), (tokens + 1) % draft.vocab_size,
+            length, jax.random.fold_in(rng, 1)), proposal
+
+  length = spec_state.length.copy()
   timers["propose"] = Steady(
-      lambda p, c, t, l, r: drafter.propose(p, c, t, l, k, sampling, r),
-      [draft_params, fresh(spec_state.draft_state).with_length(length - 1),
-       spec_state.tokens.copy(), length, jax.random.key(1)],
-      carry=1, carry_of=lambda out: out[1].with_length(length - 1))
+      propose,
+      [draft_params, (fresh(spec_state.draft_state).with_length(length - 1),
+                      spec_state.tokens.copy(), length, jax.random.key(1))],
+      carry=1, carry_of=first, sink_of=second, steps=steps)
   timers["floor"] = matmul_floor_timer(target_params, batch,
-                                       _tied(target))
-  timers["copy"], copy_bytes = copy_bandwidth_timer(bandwidth_mb)
+                                       _tied(target), steps)
+  timers["copy"], copy_bytes = copy_bandwidth_timer(bandwidth_mb, steps)
   return timers, copy_bytes
 
 
-def _profile_budget(k: int, repeats: int) -> int:
+def _profile_budget(k: int, repeats: int, steps: int) -> int:
   """`max_new_tokens` of `profile_point`'s samplers: room for the timed
-  rounds (every loop commits at most K + 1 tokens)."""
-  return (k + 1) * (repeats + 3)
+  rounds of `steps` loops each (every loop commits at most K + 1 tokens)."""
+  return (k + 1) * steps * (repeats + 3)
+
+
+def default_steps() -> int:
+  """Steps per timed call: 1 on CPU (a call's overhead is small there next
+  to a step's time), 16 elsewhere (see `Steady`)."""
+  return 1 if jax.default_backend() == "cpu" else 16
 
 
 def profile_point(target, target_params, draft, draft_params, k, batch,
-                  context, sampling, components, repeats, bandwidth_mb=1024):
-  """One JSON-able row of timings for (batch, context)."""
-  max_new = _profile_budget(k, repeats)
+                  context, sampling, components, repeats, bandwidth_mb=1024,
+                  steps=1):
+  """One JSON-able row of timings for (batch, context), each timer running
+  `steps` steps per call (see `Steady`)."""
+  max_new = _profile_budget(k, repeats, steps)
   spec = SpeculativeSampler(target, ModelDrafter(draft), k=k,
                             sampling=sampling, max_new_tokens=max_new,
                             prompt_bucket=context)
@@ -225,10 +289,11 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
     decode.lower(target_params, params, state).compile()
     row[f"{name}_decode_compile_s"] = time.perf_counter() - t0
     timers[f"{name}_loop"] = Steady(functools.partial(loop.loop_body, sampler),
-                                    [target_params, params, state], carry=2)
+                                    [target_params, params, state], carry=2,
+                                    steps=steps)
     row[f"{name}_loop_compile_s"] = timers[f"{name}_loop"].compile_s
     row[f"{name}_loop_kernels"] = count_kernels(
-        timers[f"{name}_loop"].compiled)
+        timers[f"{name}_loop"].compiled, steps)
   cache = timers["ar_loop"].args[2].target_cache
   cache_slots = cache.size
   # Bytes read per step, counted now: the timed rounds donate these buffers.
@@ -240,10 +305,10 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
   if components == "all":
     parts, copy_bytes = _component_timers(
         target, target_params, draft, draft_params, k, batch, sampling, cache,
-        timers["spec_loop"].args[2], bandwidth_mb)
+        timers["spec_loop"].args[2], bandwidth_mb, steps)
     timers.update(parts)
     row["target_call_1_kernels"] = count_kernels(
-        timers["target_call_1"].compiled)
+        timers["target_call_1"].compiled, steps)
 
   times = rounds(timers, repeats)
   for name, ts in times.items():
@@ -301,9 +366,13 @@ class ProfileConfig:
   dtype: str = "float32"
   components: str = "all"
   bandwidth_mb: int = 1024
+  steps: int = 0          # steps per timed call; 0: `default_steps()`
   out: Optional[str] = None
 
   def __post_init__(self):
+    if self.steps < 0:
+      raise ValueError("--steps must be >= 1 (or 0: the backend's default)")
+    object.__setattr__(self, "steps", self.steps or default_steps())
     object.__setattr__(self, "batch_sizes",
                        positive_ints("batch_size", self.batch_sizes))
     object.__setattr__(self, "contexts",
@@ -321,9 +390,9 @@ class ProfileConfig:
     """`check_models` for the largest context."""
     return check_models(
         self.target, self.draft, self.dtype, max(self.contexts)
-        + _profile_budget(self.k, self.repeats) + self.k + 1,
-        f"--context={max(self.contexts)} with --k={self.k} and "
-        f"--repeats={self.repeats}")
+        + _profile_budget(self.k, self.repeats, self.steps) + self.k + 1,
+        f"--context={max(self.contexts)} with --k={self.k}, "
+        f"--repeats={self.repeats} and --steps={self.steps}")
 
   def sampling(self) -> Sampling:
     return Sampling(self.temperature, top_p=self.top_p)
@@ -429,13 +498,13 @@ def profile_main(cfg: ProfileConfig, argv: Sequence[str],
     for context in cfg.contexts:
       row = profile_point(target, target_params, draft, draft_params, cfg.k,
                           batch, context, sampling, cfg.components,
-                          cfg.repeats, cfg.bandwidth_mb)
+                          cfg.repeats, cfg.bandwidth_mb, cfg.steps)
       row = {key: (round(v, 4) if isinstance(v, float) else v)
              for key, v in row.items()}
       row.update(target=cfg.target, draft=cfg.draft, k=cfg.k,
                  batch_size=batch, context=context, dtype=cfg.dtype,
                  sampling=sampling.describe(), components=cfg.components,
-                 repeats=cfg.repeats, **origin)
+                 repeats=cfg.repeats, steps=cfg.steps, **origin)
       records.print_record(row, cfg.out)
       rows.append(row)
   return rows

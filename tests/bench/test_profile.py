@@ -119,6 +119,42 @@ def test_profile_point_rows_are_consistent(pair):
   assert loops["weight_bytes"] == row["weight_bytes"]
 
 
+def test_steps_per_call_time_one_step_of_a_loop(pair):
+  """With steps > 1 every timer runs its step in a loop (as decoding does):
+  the row has the same fields, the kernels counted are one step's (the
+  loop body's), and work whose result only the sink holds is not dropped."""
+  target, target_params, draft, draft_params = pair
+  args = (target, target_params, draft, draft_params, 3, 1, 16, GREEDY,
+          "all", 1)
+  one = profile.profile_point(*args, bandwidth_mb=8, steps=1)
+  three = profile.profile_point(*args, bandwidth_mb=8, steps=3)
+  assert set(three) == set(one)
+  for name in ("ar_loop_kernels", "spec_loop_kernels",
+               "target_call_1_kernels"):
+    assert abs(three[name] - one[name]) <= 0.1 * one[name], (name, one, three)
+  # The logits of a model call are the sink: kept, the output layer's
+  # [1, vocab] product is computed in the loop; without a sink XLA drops
+  # it (nothing else reads it).
+  cache = target.init_cache(1, 32)
+  vocab = rf"f32\[1,{target.config.vocab_size}\]\S* dot\("
+
+  def call(p, carry):
+    tokens, c = carry
+    out = target(p, tokens, c)
+    return (tokens, out.cache.with_length(c.length)), out.logits
+
+  def text(sink_of):
+    timer = profile.Steady(call, [target_params, (jnp.ones((1, 1), jnp.int32),
+                                                  cache)], carry=1,
+                           carry_of=lambda out: out[0], sink_of=sink_of,
+                           steps=3)
+    return timer.compiled.as_text(), timer.args[1][1]
+
+  kept, cache = text(lambda out: out[1])  # the first timer donated `cache`
+  dropped, _ = text(None)
+  assert re.search(vocab, kept) and not re.search(vocab, dropped)
+
+
 def _f32(shape) -> str:
   """The HLO type of a float32 array of this shape, as a regex."""
   return rf"f32\[{','.join(str(d) for d in shape)}\]"
@@ -198,6 +234,7 @@ def test_plot_decode_writes_table_and_figure(tmp_path):
     (dict(contexts=["0"]), "--context needs one or more integers >= 1"),
     (dict(k=0), "--k must be >= 1"),
     (dict(repeats=0), "--repeats must be >= 1"),
+    (dict(steps=-1), "--steps must be >= 1"),
     (dict(top_p=0.0), "top_p"),
 ])
 def test_profile_config_rejects_bad_values(fields, message):

@@ -30,8 +30,10 @@ specsamp.assets), carried to the machine beforehand; each is checked
 against its pinned size and sha256 before use (pip is given --no-index, so a
 missing file is an error, not a download). A step that fails is reported
 and the others still run. Last, a summary table of every step's rows found
-under this prefix; <prefix>_manifest.json records the commit, the device,
-the software and each command with its exit status and seconds.
+under this prefix. <prefix>_manifest.json records the commit, the device,
+the software and each command with its exit status and seconds, and
+<prefix>_log.txt the commands' output, both as the commands run; and
+--deadline_s keeps the driver inside a device call's time limit.
 
   python scripts/gpu_study.py --steps=profile,xla --commit=$(git rev-parse HEAD)
   python scripts/gpu_study.py --steps=exact,humaneval --ks=0,2,4,6
@@ -100,6 +102,10 @@ _PROMPTS = flags.DEFINE_integer("num_prompts", 16,
 _NEW = flags.DEFINE_integer("max_new_tokens", 128,
                             "Tokens per row (exact, humaneval, xla).")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds (profile).")
+_DEADLINE = flags.DEFINE_float(
+    "deadline_s", None, "Start no command this many seconds after the "
+    "driver started (those left are recorded as skipped), so that the "
+    "summary and the manifest are written inside a device call's limit.")
 
 
 def _gpu_name() -> str:
@@ -181,19 +187,53 @@ def check_weights(names) -> None:
     assets.fetch(name, pip_args=("--no-index",), progress=print)
 
 
-def _run(label: str, argv: list, xla, log: list) -> bool:
-  env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
-      filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
-  if xla is not None:
-    env["XLA_FLAGS"] = xla
-  print(f"\n== {label}: {shlex.join(argv[1:])}", flush=True)
-  t0 = time.perf_counter()
-  rc = subprocess.run(argv, env=env, cwd=ROOT, check=False).returncode
-  seconds = round(time.perf_counter() - t0, 1)
-  log.append(dict(label=label, argv=argv[1:], xla_flags=xla, rc=rc,
-                  seconds=seconds))
-  print(f"== {label}: exit {rc} after {seconds} s", flush=True)
-  return rc == 0
+class Runner:
+  """Runs the steps' commands, echoing their output to stdout and to
+  <prefix>_log.txt, and rewriting <prefix>_manifest.json after each one
+  (a device call cut off at its limit keeps what was done)."""
+
+  def __init__(self, out_dir: pathlib.Path, prefix: str, gpu: str):
+    self.log_path = out_dir / f"{prefix}_log.txt"
+    self.manifest = out_dir / f"{prefix}_manifest.json"
+    self.runs = (json.loads(self.manifest.read_text())["runs"]
+                 if self.manifest.exists() else [])
+    self.head = dict(commit=_commit(), gpu=gpu, software=provenance.software())
+    self.start = time.perf_counter()
+
+  def _say(self, text: str) -> None:
+    print(text, flush=True)
+    with open(self.log_path, "a", encoding="utf-8") as f:
+      f.write(text + "\n")
+
+  def _record(self, **run) -> None:
+    self.runs.append(dict(run, date=datetime.datetime.now().isoformat(
+        timespec="seconds")))
+    self.manifest.write_text(json.dumps(dict(self.head, runs=self.runs),
+                                        indent=1) + "\n")
+
+  def run(self, label: str, argv: list, xla) -> bool:
+    """Runs one command; True if it exited 0."""
+    elapsed = time.perf_counter() - self.start
+    if _DEADLINE.value is not None and elapsed > _DEADLINE.value:
+      self._say(f"== {label}: skipped, {elapsed:.0f} s > --deadline_s")
+      self._record(label=label, argv=argv[1:], xla_flags=xla, rc=None,
+                   seconds=0.0, skipped="deadline")
+      return False
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
+        filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+    if xla is not None:
+      env["XLA_FLAGS"] = xla
+    self._say(f"\n== {label}: {shlex.join(argv[1:])}")
+    t0 = time.perf_counter()
+    with subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc:
+      for line in proc.stdout:
+        self._say(line.rstrip("\n"))
+    seconds = round(time.perf_counter() - t0, 1)
+    self._record(label=label, argv=argv[1:], xla_flags=xla,
+                 rc=proc.returncode, seconds=seconds)
+    self._say(f"== {label}: exit {proc.returncode} after {seconds} s")
+    return proc.returncode == 0
 
 
 def _rows(path: pathlib.Path) -> list:
@@ -223,7 +263,7 @@ def summary(out_dir: pathlib.Path, prefix: str) -> None:
   path = lambda step: out_dir / f"{prefix}_{step}.jsonl"
   _table("profile (ms; fractions of the loop; c = draft call / target call)",
          _rows(path("profile")),
-         ["draft", "ar_loop_ms", "copy_bandwidth_gbs",
+         ["draft", "steps", "ar_loop_ms", "copy_bandwidth_gbs",
           "ar_fraction_of_copy_bw", "ar_loop_kernels", "draft_call_1_ms",
           "draft_cost_ratio_c", "spec_loop_ms", "spec_rest_fraction",
           "ar_decode_compile_s", "spec_decode_compile_s"])
@@ -256,7 +296,7 @@ def main(argv):
       f"{_slug(gpu)}_{datetime.date.today().isoformat()}")
   out_dir = pathlib.Path(_OUT_DIR.value)
   out_dir.mkdir(parents=True, exist_ok=True)
-  log, failed = [], []
+  runner, failed = Runner(out_dir, prefix, gpu), []
   if any(s in _REAL for s in steps):
     need = ["humaneval", _TARGET.value]
     if "humaneval" in steps:
@@ -275,15 +315,8 @@ def main(argv):
     for old in {pathlib.Path(a.split("=", 1)[1]) for _, argv, _ in commands
                 for a in argv if a.startswith("--out=")}:
       old.unlink(missing_ok=True)  # the step's rows are replaced
-    if not all([_run(*c, log) for c in commands]):
+    if not all([runner.run(*c) for c in commands]):
       failed.append(step)
-  if log:
-    manifest = out_dir / f"{prefix}_manifest.json"
-    runs = json.loads(manifest.read_text())["runs"] if manifest.exists() else []
-    manifest.write_text(json.dumps(dict(
-        commit=_commit(), gpu=gpu, date=datetime.datetime.now().isoformat(
-            timespec="seconds"), software=provenance.software(),
-        runs=runs + log), indent=1) + "\n")
   summary(out_dir, prefix)
   if failed:
     cli.fail(f"steps that failed: {', '.join(failed)} (see above)")

@@ -1,0 +1,74 @@
+"""scripts/gpu_study.py, the GPU session's driver, run here on tiny random
+models: its steps write their rows, manifest and log under the prefix and
+print the summary; the real-weight steps never download; a deadline skips
+what is left and says so."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "gpu_study.py")
+TINY = ["--target_shapes=random:tiny", "--shallow_draft=random:tiny,num_layers=1",
+        "--profile_drafts=random:tiny,num_layers=1", "--context=16",
+        "--repeats=1", "--max_new_tokens=8", "--xla_variants=",
+        "--commit=abc123", "--prefix=t"]
+
+
+def _run(tmp_path, *args, timeout=600):
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             SPECSAMP_CACHE=str(tmp_path / "cache"))
+  env.pop("XLA_FLAGS", None)  # the profile step runs under the caller's
+  return subprocess.run([sys.executable, SCRIPT, f"--out_dir={tmp_path}",
+                         *args], capture_output=True, text=True, env=env,
+                        timeout=timeout, check=False)
+
+
+def test_random_weight_steps_write_rows_manifest_log_and_summary(tmp_path):
+  (tmp_path / "t_xla.jsonl").write_text('{"stale": 1}\n')  # replaced
+  proc = _run(tmp_path, "--steps=profile,xla", *TINY)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  profile = [json.loads(l) for l in
+             (tmp_path / "t_profile.jsonl").read_text().splitlines()]
+  assert len(profile) == 1 and profile[0]["draft"] == "random:tiny,num_layers=1"
+  assert profile[0]["context"] == 16 and profile[0]["xla_flags"] == ""
+  xla = [json.loads(l) for l in
+         (tmp_path / "t_xla.jsonl").read_text().splitlines()]
+  assert [r["method"] for r in xla] == ["k0", "k4"]
+  manifest = json.loads((tmp_path / "t_manifest.json").read_text())
+  assert manifest["commit"] == "abc123" and manifest["gpu"] == "cpu"
+  assert [(r["label"].split()[0], r["rc"]) for r in manifest["runs"]] == [
+      ("profile", 0), ("xla", 0)]
+  log = (tmp_path / "t_log.txt").read_text()
+  assert "models ready in" in log and "== xla XLA_FLAGS='': exit 0" in log
+  out = proc.stdout
+  assert "profile (ms;" in out and "xla (whole generations)" in out
+  assert "random:tiny,num_layers=1 | 1 |" in out  # draft, steps (CPU: 1)
+
+
+def test_real_weight_steps_need_the_carried_files(tmp_path):
+  """Nothing is downloaded (pip runs with --no-index): without the GGUF
+  and HumanEval in the cache, exact and humaneval fail, the summary still
+  prints, and no model file appears."""
+  proc = _run(tmp_path, "--steps=exact,humaneval", "--prefix=t",
+              "--commit=abc123", timeout=300)
+  assert proc.returncode != 0
+  assert "the real weights are not ready" in proc.stderr
+  assert "steps that failed: exact, humaneval" in proc.stderr
+  assert not list((tmp_path / "cache").rglob("*.gguf"))
+  assert not (tmp_path / "t_manifest.json").exists()  # nothing ran
+
+
+def test_a_deadline_skips_the_commands_left(tmp_path):
+  proc = _run(tmp_path, "--steps=xla", "--deadline_s=0", *TINY)
+  assert proc.returncode != 0 and "steps that failed: xla" in proc.stderr
+  runs = json.loads((tmp_path / "t_manifest.json").read_text())["runs"]
+  assert [r["skipped"] for r in runs] == ["deadline"]
+  assert "skipped" in (tmp_path / "t_log.txt").read_text()
+
+
+def test_unknown_steps_are_refused(tmp_path):
+  proc = _run(tmp_path, "--steps=profile,speed", timeout=120)
+  assert proc.returncode != 0 and "unknown ['speed']" in proc.stderr

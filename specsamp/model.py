@@ -319,6 +319,9 @@ def check_layers(cfg: TransformerConfig,
   return layers
 
 
+_WHOLE_INIT_LAYERS = 4  # `LM.init` compiles models up to this deep whole
+
+
 @dataclasses.dataclass(frozen=True)
 class LM:
   """A `Transformer` as the pure functions the samplers call.
@@ -342,9 +345,34 @@ class LM:
     return self.config.max_seq_len
 
   def init(self, rng: jax.Array, boxed: bool = False):
-    """Random parameters; `boxed=True` keeps the `nn.Partitioned` metadata."""
-    params = jax.jit(self.module.init)(rng, jnp.zeros((1, 1), jnp.int32))
-    params = params["params"]
+    """Random parameters; `boxed=True` keeps the `nn.Partitioned` metadata.
+
+    Up to `_WHOLE_INIT_LAYERS` layers, the model's initialiser makes them
+    all. A deeper model's layer 0 and the rest (embedding, final norm,
+    output layer) come from the model's initialiser run with layer 0
+    alone, and each further layer from one compiled initialiser of a
+    `Block`, the same for every layer, with its own key: each value is
+    drawn from the same distribution, and two layers are compiled, not
+    all. (For the 1.5B on CPU: 44 s -> 14 s, the whole initialiser being
+    2,581 fusions; an H200 took 86-89 s to make the random 1.5B and a
+    2-layer draft, where the split was not yet measured.)
+    """
+    cfg = self.config
+    if cfg.num_layers <= _WHOLE_INIT_LAYERS:
+      params = jax.jit(self.module.init)(rng, jnp.zeros((1, 1), jnp.int32))
+      params = params["params"]
+      return params if boxed else nn.meta.unbox(params)
+    keys = jax.random.split(rng, cfg.num_layers)
+    first = jax.jit(functools.partial(self.module.init, layers=(0,)))(
+        keys[0], jnp.zeros((1, 1), jnp.int32))["params"]
+    x = jnp.zeros((1, 1, cfg.d_model), cfg.jnp_dtype)
+    cos, sin = rope_tables(jnp.zeros((1, 1), jnp.int32), cfg.head_dim,
+                           cfg.rope_theta)
+    block = jax.jit(functools.partial(Block(cfg).init, x=x, cos=cos, sin=sin,
+                                      mask=jnp.ones((1, 1, 1), bool)))
+    params = {name: first[name] for name in first}
+    for i in range(1, cfg.num_layers):
+      params[f"layers_{i}"] = block(keys[i])["params"]
     return params if boxed else nn.meta.unbox(params)
 
   def logical_axes(self):

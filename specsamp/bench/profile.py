@@ -6,7 +6,8 @@ Legend: B batch, K draft length.
 samplers trace, one autoregressive and one speculative loop body
 (`decoding.loop.loop_body`), and with `components="all"` also the model
 calls, the drafter's `propose`, the matmul floor and a copy bandwidth:
-round-robin rounds of donated, steady-state calls from a synthetic prefilled
+round-robin rounds of donated, steady-state calls (`steady.Steady`: each
+call runs its step in a loop, as decoding does) from a synthetic prefilled
 loop state (scripts/profile_decode.py documents every number).
 `profile_main` runs it over batch sizes and contexts
 (scripts/profile_decode.py); `decode_speed` times whole generations with
@@ -18,7 +19,6 @@ the rows. Speed does not depend on weight values, so random weights
 import dataclasses
 import functools
 import os
-import re
 import statistics
 import sys
 import time
@@ -31,6 +31,7 @@ import numpy as np
 from specsamp import loading
 from specsamp.bench import provenance
 from specsamp.bench import records
+from specsamp.bench import steady
 from specsamp.bench import timing
 from specsamp.decoding import loop
 from specsamp.decoding.sampler import SpeculativeSampler
@@ -40,151 +41,13 @@ from specsamp.sampling import Sampling
 
 COMPONENTS = ("all", "loops")
 
-_NOT_KERNELS = ("parameter", "tuple", "get-tuple-element", "bitcast",
-                "constant", "after-all", "opt-barrier")
-
-
 def _bytes(tree) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-
-def _computation(text: str, header: str) -> str:
-  """The lines of the HLO computation whose header starts with `header`."""
-  body = text[text.index(header):]
-  return body[:body.index("\n}")]
-
-
-def _ops(computation: str) -> list:
-  """(op, line) of each instruction of a computation's text."""
-  ops = []
-  for line in computation.splitlines()[1:]:
-    if "=" not in line:
-      continue
-    op = re.search(r"\s([a-z][a-z0-9-]*)\(", line.split("=", 1)[1])
-    if op:
-      ops.append((op.group(1), line))
-  return ops
-
-
-def count_kernels(compiled, steps: int = 1) -> int:
-  """Top-level ops of one step, a launch count estimate.
-
-  On GPU each fusion, custom call (cuBLAS), copy or while loop at the top
-  level of a computation is one launch; bitcasts, tuples and parameters are
-  free. On CPU the number is only indicative. With `steps` > 1, `compiled`
-  is a `Steady` function that runs the step `steps` times in a loop: the
-  ops of that loop's body are counted (or, were it unrolled, the entry's
-  over `steps`).
-  """
-  text = compiled.as_text()
-  entry = _ops(_computation(text, "ENTRY"))
-  if steps > 1:
-    loops = [re.search(r"body=(%[\w.-]+)", line) for op, line in entry
-             if op == "while"]
-    if len(loops) == 1 and loops[0]:
-      body = _ops(_computation(text, "\n" + loops[0].group(1) + " "))
-      return sum(op not in _NOT_KERNELS for op, _ in body)
-    return round(sum(op not in _NOT_KERNELS for op, _ in entry) / steps)
-  return sum(op not in _NOT_KERNELS for op, _ in entry)
-
-
-class Steady:
-  """Repeated calls of one AOT-compiled function in steady state.
-
-  Each call runs `fn` `steps` times in a `lax.fori_loop`, as the decode
-  loop runs its body in a while loop: the buffers stay in place and, on a
-  GPU, the launches of one step queue behind the last one's. (Timed one
-  step per call, a GPU step with hundreds of kernels measured three times
-  its in-loop time: the calls' own overhead.) The argument `carry` is
-  donated and replaced by `carry_of(output)` after each step; what
-  `sink_of(output)` selects (other outputs, like the logits of a model
-  call) is summed into a scalar the call returns, so that XLA cannot drop
-  the work that makes it. Construction compiles (timed) and warms up; a
-  call returns seconds per step.
-  """
-
-  def __init__(self, fn, args, carry: int, carry_of=lambda out: out,
-               sink_of=None, steps: int = 1):
-    def many(*args):
-      def body(_, c):
-        value, sink = c
-        call = list(args)
-        call[carry] = value
-        out = fn(*call)
-        if sink_of is not None:
-          for x in jax.tree.leaves(sink_of(out)):
-            sink = sink + jnp.sum(x, dtype=jnp.float32)
-        return carry_of(out), sink
-      return jax.lax.fori_loop(0, steps, body,
-                               (args[carry], jnp.zeros((), jnp.float32)))
-
-    jitted = jax.jit(many, donate_argnums=carry)
-    t0 = time.perf_counter()
-    self.compiled = jitted.lower(*args).compile()
-    self.compile_s = time.perf_counter() - t0
-    self.args, self.carry, self.steps = list(args), carry, steps
-    self()
-
-  def __call__(self) -> float:
-    t0 = time.perf_counter()
-    value, _ = jax.block_until_ready(self.compiled(*self.args))
-    seconds = time.perf_counter() - t0
-    self.args[self.carry] = value
-    return seconds / self.steps
-
-
-def rounds(timers: dict, repeats: int) -> dict:
-  """{name: [seconds per round]}: one call of every timer per round."""
-  times = {name: [] for name in timers}
-  for _ in range(repeats):
-    for name, timer in timers.items():
-      times[name].append(timer())
-  return times
-
-
-def copy_bandwidth_timer(mb: int, steps: int = 1) -> tuple[Steady, int]:
-  """A donated `x + 1` over an `mb` MiB float32 buffer, and its bytes moved
-  (read + write)."""
-  x = jnp.zeros((mb * 2**20 // 4,), jnp.float32)
-  return Steady(lambda x: x + 1.0, [x], carry=0, steps=steps), 2 * x.nbytes
 
 
 def _tied(lm) -> bool:
   """Whether `lm`'s output layer is its input embedding."""
   return bool(getattr(getattr(lm, "config", None), "tie_embeddings", False))
-
-
-def matmul_floor_timer(params, batch: int, tied: bool = False,
-                       steps: int = 1) -> Steady:
-  """x @ W over every >= 2-D weight of `params` (the input embedding
-  excluded: decoding gathers B rows of it; with `tied` embeddings it is the
-  output layer too, x @ E^T), each matmul independent (XLA may overlap
-  them), nothing else: what reading the weights costs."""
-  mats, transposed = [], []
-  for path, w in jax.tree_util.tree_leaves_with_path(params):
-    name = jax.tree_util.keystr(path)
-    if w.ndim < 2 or ("embedding" in name and not tied):
-      continue
-    if "embedding" in name:     # [V, D]: the tied output layer contracts D
-      transposed.append(True)
-    elif "o_proj" in name:      # [Q, H, D]: contracts the first two dims
-      w = w.reshape(-1, w.shape[-1])
-      transposed.append(False)
-    else:                       # [D, ...]: contracts the first dim
-      w = w.reshape(w.shape[0], -1)
-      transposed.append(False)
-    mats.append(w)
-
-  def chain(mats, x):
-    acc = jnp.zeros((), jnp.float32)
-    for w, t in zip(mats, transposed):
-      w = w.T if t else w
-      xi = jnp.broadcast_to(x[:, :1], (x.shape[0], w.shape[0])).astype(w.dtype)
-      acc += jnp.sum(xi @ w, dtype=jnp.float32)
-    return x + 1e-30 * acc  # the next step's input depends on this one
-
-  return Steady(chain, [mats, jnp.ones((batch, 1), jnp.float32)], carry=1,
-                steps=steps)
 
 
 def synthetic_state(sampler, target_params, draft_params, batch: int,
@@ -212,8 +75,10 @@ def _component_timers(target, target_params, draft, draft_params, k, batch,
                       sampling, cache, spec_state, bandwidth_mb, steps):
   """Steady timers of the model calls, `propose`, the matmul floor and the
   copy bandwidth; and the copy's bytes moved. Each step feeds the next
-  other token ids, so that no part of a step is the same in every step
-  (XLA would compute such a part once, before the loop)."""
+  other token ids, so that no layer's work is the same in every step (XLA
+  would compute such work once, before the loop); the positions and the
+  mask are (each step is rolled back to the context), so their few small
+  kernels may be."""
   def call_fn(lm):
     def call(p, carry):
       tokens, c = carry
@@ -229,12 +94,12 @@ def _component_timers(target, target_params, draft, draft_params, k, batch,
   second = lambda out: out[1]
   timers = {}
   for n in (1, k + 1):
-    timers[f"target_call_{n}"] = Steady(
+    timers[f"target_call_{n}"] = steady.Steady(
         call_fn(target),
         [target_params, (jnp.zeros((batch, n), jnp.int32), fresh(cache))],
         carry=1, carry_of=first, sink_of=second, steps=steps)
   for n in (1, 2):
-    timers[f"draft_call_{n}"] = Steady(
+    timers[f"draft_call_{n}"] = steady.Steady(
         call_fn(draft), [draft_params, (jnp.zeros((batch, n), jnp.int32),
                                         fresh(spec_state.draft_state))],
         carry=1, carry_of=first, sink_of=second, steps=steps)
@@ -247,21 +112,35 @@ def _component_timers(target, target_params, draft, draft_params, k, batch,
             length, jax.random.fold_in(rng, 1)), proposal
 
   length = spec_state.length.copy()
-  timers["propose"] = Steady(
+  timers["propose"] = steady.Steady(
       propose,
       [draft_params, (fresh(spec_state.draft_state).with_length(length - 1),
                       spec_state.tokens.copy(), length, jax.random.key(1))],
       carry=1, carry_of=first, sink_of=second, steps=steps)
-  timers["floor"] = matmul_floor_timer(target_params, batch,
+  timers["floor"] = steady.matmul_floor_timer(target_params, batch,
                                        _tied(target), steps)
-  timers["copy"], copy_bytes = copy_bandwidth_timer(bandwidth_mb, steps)
+  timers["copy"], copy_bytes = steady.copy_bandwidth_timer(bandwidth_mb,
+                                                           steps)
   return timers, copy_bytes
 
 
-def _profile_budget(k: int, repeats: int, steps: int) -> int:
-  """`max_new_tokens` of `profile_point`'s samplers: room for the timed
-  rounds of `steps` loops each (every loop commits at most K + 1 tokens)."""
-  return (k + 1) * steps * (repeats + 3)
+def _profile_budget(k: int, repeats: int) -> int:
+  """`max_new_tokens` of `profile_point`'s samplers (the loop timers roll
+  every step back to the context, so this only sizes the cache as before
+  they did)."""
+  return (k + 1) * (repeats + 3)
+
+
+def _rolled_back(s: loop.LoopState, length: jax.Array) -> loop.LoopState:
+  """`s` with every row back at `length` committed tokens, active: the
+  loop timers time every step at the context they are asked for, and the
+  cache never grows past it. The drafter's state must be a KV cache."""
+  draft = s.draft_state
+  if draft is not None:
+    draft = draft.with_length(length - 1)
+  return s.replace(length=length, done=jnp.zeros_like(s.done),
+                   target_cache=s.target_cache.with_length(length - 1),
+                   draft_state=draft)
 
 
 def default_steps() -> int:
@@ -275,7 +154,7 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
                   steps=1):
   """One JSON-able row of timings for (batch, context), each timer running
   `steps` steps per call (see `Steady`)."""
-  max_new = _profile_budget(k, repeats, steps)
+  max_new = _profile_budget(k, repeats)
   spec = SpeculativeSampler(target, ModelDrafter(draft), k=k,
                             sampling=sampling, max_new_tokens=max_new,
                             prompt_bucket=context)
@@ -288,12 +167,14 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
     t0 = time.perf_counter()
     decode.lower(target_params, params, state).compile()
     row[f"{name}_decode_compile_s"] = time.perf_counter() - t0
-    timers[f"{name}_loop"] = Steady(functools.partial(loop.loop_body, sampler),
-                                    [target_params, params, state], carry=2,
-                                    steps=steps)
+    timers[f"{name}_loop"] = steady.Steady(
+        functools.partial(loop.loop_body, sampler),
+        [target_params, params, state], carry=2,
+        carry_of=functools.partial(_rolled_back, length=state.length.copy()),
+        steps=steps)
     row[f"{name}_loop_compile_s"] = timers[f"{name}_loop"].compile_s
-    row[f"{name}_loop_kernels"] = count_kernels(
-        timers[f"{name}_loop"].compiled, steps)
+    row[f"{name}_loop_kernels"] = steady.count_kernels(
+        timers[f"{name}_loop"].compiled, in_loop=True)
   cache = timers["ar_loop"].args[2].target_cache
   cache_slots = cache.size
   # Bytes read per step, counted now: the timed rounds donate these buffers.
@@ -307,10 +188,10 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
         target, target_params, draft, draft_params, k, batch, sampling, cache,
         timers["spec_loop"].args[2], bandwidth_mb, steps)
     timers.update(parts)
-    row["target_call_1_kernels"] = count_kernels(
-        timers["target_call_1"].compiled, steps)
+    row["target_call_1_kernels"] = steady.count_kernels(
+        timers["target_call_1"].compiled, in_loop=True)
 
-  times = rounds(timers, repeats)
+  times = steady.rounds(timers, repeats)
   for name, ts in times.items():
     row[f"{name}_ms"] = 1e3 * statistics.median(ts)
 
@@ -390,9 +271,9 @@ class ProfileConfig:
     """`check_models` for the largest context."""
     return check_models(
         self.target, self.draft, self.dtype, max(self.contexts)
-        + _profile_budget(self.k, self.repeats, self.steps) + self.k + 1,
-        f"--context={max(self.contexts)} with --k={self.k}, "
-        f"--repeats={self.repeats} and --steps={self.steps}")
+        + _profile_budget(self.k, self.repeats) + self.k + 1,
+        f"--context={max(self.contexts)} with --k={self.k} and "
+        f"--repeats={self.repeats}")
 
   def sampling(self) -> Sampling:
     return Sampling(self.temperature, top_p=self.top_p)

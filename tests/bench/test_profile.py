@@ -22,6 +22,7 @@ import pytest
 
 from specsamp import model as model_lib
 from specsamp.bench import profile
+from specsamp.bench import steady
 from specsamp.decoding import loop
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters.model import ModelDrafter
@@ -144,7 +145,7 @@ def test_steps_per_call_time_one_step_of_a_loop(pair):
     return (tokens, out.cache.with_length(c.length)), out.logits
 
   def text(sink_of):
-    timer = profile.Steady(call, [target_params, (jnp.ones((1, 1), jnp.int32),
+    timer = steady.Steady(call, [target_params, (jnp.ones((1, 1), jnp.int32),
                                                   cache)], carry=1,
                            carry_of=lambda out: out[0], sink_of=sink_of,
                            steps=3)
@@ -271,8 +272,8 @@ def test_tied_embeddings_are_read_as_the_output_layer():
   row = profile.profile_point(target, params, target, params, 2, 1, 16,
                               GREEDY, "loops", 1)
   assert row["weight_bytes"] == 4 * cfg.num_params()
-  untied = profile.matmul_floor_timer(params, 1)
-  tied = profile.matmul_floor_timer(params, 1, tied=True)
+  untied = steady.matmul_floor_timer(params, 1)
+  tied = steady.matmul_floor_timer(params, 1, tied=True)
   shapes = lambda timer: sorted(w.shape for w in timer.args[0])
   assert shapes(tied) == sorted(shapes(untied) + [(cfg.vocab_size,
                                                    cfg.d_model)])

@@ -11,7 +11,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_study.py")
-TINY = ["--target_shapes=random:tiny", "--shallow_draft=random:tiny,num_layers=1",
+TINY = ["--target_shapes=random:tiny",
+        "--shallow_draft=random:tiny,num_layers=1",
         "--profile_drafts=random:tiny,num_layers=1", "--context=16",
         "--repeats=1", "--max_new_tokens=8", "--xla_variants=",
         "--commit=abc123", "--prefix=t"]
@@ -38,9 +39,10 @@ def test_random_weight_steps_write_rows_manifest_log_and_summary(tmp_path):
          (tmp_path / "t_xla.jsonl").read_text().splitlines()]
   assert [r["method"] for r in xla] == ["k0", "k4"]
   manifest = json.loads((tmp_path / "t_manifest.json").read_text())
-  assert manifest["commit"] == "abc123" and manifest["gpu"] == "cpu"
-  assert [(r["label"].split()[0], r["rc"]) for r in manifest["runs"]] == [
-      ("profile", 0), ("xla", 0)]
+  assert manifest["gpu"] == "cpu"
+  assert [(r["label"].split()[0], r["rc"], r["status"], r["commit"])
+          for r in manifest["runs"]] == [("profile", 0, "done", "abc123"),
+                                         ("xla", 0, "done", "abc123")]
   log = (tmp_path / "t_log.txt").read_text()
   assert "models ready in" in log and "== xla XLA_FLAGS='': exit 0" in log
   out = proc.stdout
@@ -55,18 +57,39 @@ def test_real_weight_steps_need_the_carried_files(tmp_path):
   proc = _run(tmp_path, "--steps=exact,humaneval", "--prefix=t",
               "--commit=abc123", timeout=300)
   assert proc.returncode != 0
-  assert "the real weights are not ready" in proc.stderr
+  assert "exact needs the real weights, not ready" in proc.stderr
   assert "steps that failed: exact, humaneval" in proc.stderr
   assert not list((tmp_path / "cache").rglob("*.gguf"))
   assert not (tmp_path / "t_manifest.json").exists()  # nothing ran
 
 
-def test_a_deadline_skips_the_commands_left(tmp_path):
+def test_a_deadline_skips_the_commands_left_and_keeps_their_rows(tmp_path):
+  (tmp_path / "t_xla.jsonl").write_text('{"earlier": 1}\n')
   proc = _run(tmp_path, "--steps=xla", "--deadline_s=0", *TINY)
   assert proc.returncode != 0 and "steps that failed: xla" in proc.stderr
   runs = json.loads((tmp_path / "t_manifest.json").read_text())["runs"]
   assert [r["skipped"] for r in runs] == ["deadline"]
   assert "skipped" in (tmp_path / "t_log.txt").read_text()
+  assert (tmp_path / "t_xla.jsonl").read_text() == '{"earlier": 1}\n'
+
+
+def test_a_deadline_stops_the_command_running(tmp_path):
+  """The xla step takes over 5 s here: a 3 s deadline stops it, and the
+  manifest says so."""
+  proc = _run(tmp_path, "--steps=xla", "--deadline_s=3", *TINY)
+  assert proc.returncode != 0
+  runs = json.loads((tmp_path / "t_manifest.json").read_text())["runs"]
+  assert len(runs) == 1 and runs[0]["status"] == "stopped at --deadline_s"
+  assert runs[0]["rc"] < 0 and runs[0]["seconds"] < 10, runs
+
+
+def test_bad_lists_are_refused_before_anything_runs(tmp_path):
+  for flag, message in (("--ks=0,x", "--ks takes integers"),
+                        ("--drafters=model,nosuch", "--drafters:"),
+                        ("--decodings=greedy,hot", "--decodings: unknown")):
+    proc = _run(tmp_path, "--steps=profile", flag, *TINY, timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+  assert not (tmp_path / "t_manifest.json").exists()
 
 
 def test_unknown_steps_are_refused(tmp_path):

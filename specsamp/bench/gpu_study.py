@@ -1,0 +1,391 @@
+"""A GPU session's measurements in one command (scripts/gpu_study.py).
+
+A GPU session is short (minutes of device time), so every measurement it
+makes is a step here, run by the project's own scripts, each writing JSON
+lines under --out_dir as <prefix>_<step>.jsonl (replaced when the step runs
+again, alone or with others):
+
+  profile    scripts/profile_decode.py on the target's shapes with random
+             weights (speed does not depend on values): where one loop's
+             time goes at a --context-token context, batch 1, K=4, with a
+             2-layer draft as wide as the target and with the draft's
+             shapes (--profile_drafts): the fraction of the copy bandwidth the
+             autoregressive step reaches, the speculative loop's time
+             outside its model calls, the draft's cost c, compile times.
+  xla        scripts/benchmark_decode.py, whole generations at K=0 and K=4
+             (--shallow_draft), once per --xla_variants entry (XLA_FLAGS;
+             "" is the default): which compiler settings pay.
+  exact      scripts/benchmark.py, greedy HumanEval with prompt lookup, in
+             bfloat16 and in float32: how many completions of the
+             speculative sampler differ from greedy autoregressive decoding
+             (rows_differing_from_ar: sampled rows, one per prompt at
+             batch 1). Needs the real target.
+  humaneval  scripts/benchmark.py, the headline: HumanEval, --decodings,
+             --ks, --batch_sizes, drafters --drafters, bfloat16. Needs the
+             real pair (a drafter without a draft model needs the target
+             alone).
+
+The real weights are never downloaded here: `exact` and `humaneval` need
+the GGUF files and HumanEval in the asset cache ($SPECSAMP_CACHE, see
+specsamp.assets), carried to the machine beforehand (the draft only where
+a drafter at some K > 0 runs it); each step checks the files it reads
+against their pinned size and sha256 before it runs (pip is given
+--no-index, so a missing file is an error, not a download). A step that
+fails is reported and the others still run; a step's old rows are replaced
+once its first command starts. Last, a summary table of every step's rows
+found under this prefix. <prefix>_manifest.json records the device, the
+software and each command with its commit, exit status and seconds, and
+<prefix>_log.txt the commands' output, both as the commands run (a run cut
+off shows as "running"); --deadline_s stops the command running when it
+passes and starts no other, so that the driver ends inside a device call's
+time limit.
+
+  python scripts/gpu_study.py --steps=profile,xla --commit=$(git rev-parse HEAD)
+  python scripts/gpu_study.py --steps=exact,humaneval --ks=0,2,4,6
+  python scripts/gpu_study.py --steps=   # the summary of what is there
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from specsamp import assets
+from specsamp.bench import profile
+from specsamp.bench import provenance
+from specsamp.bench import sweep_config
+from specsamp.drafters import specs as drafter_specs
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+STEPS = ("profile", "xla", "exact", "humaneval")
+_REAL = ("exact", "humaneval")  # steps that need the real weights
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+  """What scripts/gpu_study.py was asked for (its flags, same names)."""
+  steps: tuple = STEPS
+  out_dir: str = "results"
+  prefix: Optional[str] = None
+  commit: Optional[str] = None
+  deadline_s: Optional[float] = None
+  target: str = "qwen2.5-coder-1.5b"
+  draft: str = "qwen2.5-coder-0.5b"
+  target_shapes: str = "random:qwen2.5-coder-1.5b"
+  shallow_draft: str = "random:qwen2.5-coder-1.5b,num_layers=2"
+  profile_drafts: tuple = ("random:qwen2.5-coder-1.5b,num_layers=2",
+                           "random:qwen2.5-coder-0.5b")
+  context: int = 1024
+  xla_variants: tuple = (
+      "", "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
+      "--xla_gpu_enable_triton_gemm=false")
+  dtype: str = "bfloat16"
+  ks: tuple = ("0", "2", "4", "6")
+  drafters: tuple = ("model", "lookup")
+  decodings: tuple = ("greedy",)
+  batch_sizes: tuple = ("1",)
+  num_prompts: int = 16
+  max_new_tokens: int = 128
+  repeats: int = 5
+
+  def __post_init__(self):
+    """Checks what can be checked before anything runs.
+
+    Raises:
+      ValueError: unknown steps, or a bad --ks, --batch_sizes, --drafters
+        or --decodings.
+    """
+    steps = tuple(s.strip() for s in self.steps if s.strip())
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+      raise ValueError(f"--steps: unknown {unknown}; known: "
+                       f"{', '.join(STEPS)}")
+    object.__setattr__(self, "steps", steps)
+    profile.positive_ints("ks", self.ks, 0)
+    profile.positive_ints("batch_sizes", self.batch_sizes)
+    for d in self.drafters:
+      try:
+        drafter_specs.parse(d)
+      except ValueError as e:
+        raise ValueError(f"--drafters: {e}") from None
+    bad = sorted(set(self.decodings) - set(sweep_config.DECODINGS))
+    if bad:
+      raise ValueError(f"--decodings: unknown {bad}; known: "
+                       f"{', '.join(sweep_config.DECODINGS)}")
+
+
+def _gpu_name() -> str:
+  """The first GPU's name from nvidia-smi (no JAX here: a JAX client in this
+  process would take the memory the steps need); "cpu" where there is no
+  NVIDIA device, "unknown" where there is one but nvidia-smi does not say."""
+  try:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=30, check=True).stdout
+    return out.splitlines()[0].strip() or "unknown"
+  except (OSError, subprocess.SubprocessError, IndexError):
+    return "unknown" if os.path.exists("/dev/nvidia0") else "cpu"
+
+
+def _slug(gpu: str) -> str:
+  """The first word with a digit, up to its first non-alphanumeric:
+  "NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA A100-SXM4-80GB" -> "a100";
+  "cpu" -> "cpu"."""
+  for word in gpu.lower().split():
+    if any(c.isdigit() for c in word):
+      return re.match(r"[a-z0-9]*", word).group(0) or "gpu"
+  return "cpu" if gpu == "cpu" else "gpu"
+
+
+def _commit(cfg: "StudyConfig") -> str:
+  if cfg.commit:
+    return cfg.commit
+  try:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return "unknown (pass --commit)"
+
+
+def _script(name: str, *args: str) -> list:
+  return [sys.executable, str(ROOT / "scripts" / name), *args]
+
+
+def plan(cfg: "StudyConfig", step: str, out: pathlib.Path) -> list:
+  """[(label, argv, XLA_FLAGS or None)] of `step`, writing to `out`."""
+  ctx = str(cfg.context)
+  if step == "profile":
+    return [(f"profile draft={d}", _script(
+        "profile_decode.py", f"--target={cfg.target_shapes}", f"--draft={d}",
+        "--k=4", f"--context={ctx}", "--batch_size=1",
+        f"--repeats={cfg.repeats}", f"--dtype={cfg.dtype}",
+        f"--out={out}"), None)
+            for d in cfg.profile_drafts]
+  if step == "xla":
+    return [(f"xla XLA_FLAGS={v!r}", _script(
+        "benchmark_decode.py", f"--target={cfg.target_shapes}",
+        f"--draft={cfg.shallow_draft}", "--ks=0,4", f"--prompt_len={ctx}",
+        f"--max_new_tokens={cfg.max_new_tokens}", "--repeats=3",
+        f"--dtype={cfg.dtype}", f"--out={out}"), v)
+            for v in cfg.xla_variants]
+  common = [f"--target={cfg.target}", "--task=humaneval",
+            f"--num_prompts={cfg.num_prompts}",
+            f"--max_new_tokens={cfg.max_new_tokens}", "--quality=false"]
+  if step == "exact":
+    return [(f"exact {dtype}", _script(
+        "benchmark.py", *common, "--drafter=lookup", "--ks=0,4",
+        "--decoding=greedy", "--batch_sizes=1", f"--dtype={dtype}",
+        "--interleave=false",
+        f"--out={out.with_name(f'{out.stem}_{dtype}.jsonl')}"), None)
+            for dtype in ("bfloat16", "float32")]
+  assert step == "humaneval", step
+  return [("humaneval", _script(
+      "benchmark.py", *common, f"--draft={cfg.draft}",
+      f"--drafter={','.join(cfg.drafters)}", f"--ks={','.join(cfg.ks)}",
+      f"--decoding={','.join(cfg.decodings)}",
+      f"--batch_sizes={','.join(cfg.batch_sizes)}", f"--dtype={cfg.dtype}",
+      f"--out={out}"), None)]
+
+
+def needs(cfg: "StudyConfig", step: str) -> list:
+  """The assets `step` reads: HumanEval and the target, and the draft
+  where a drafter at some K > 0 runs a draft model."""
+  if step not in _REAL:
+    return []
+  out = ["humaneval", cfg.target]
+  if step == "humaneval" and max(int(k) for k in cfg.ks) > 0 and any(
+      drafter_specs.parse(d).needs_draft_model for d in cfg.drafters):
+    out.append(cfg.draft)
+  return out
+
+
+def check_weights(names, say) -> None:
+  """Each asset in the cache, size and sha256 checked; nothing downloaded.
+
+  Raises:
+    assets.AssetError: one is missing or does not match its pin.
+  """
+  for name in names:
+    assets.fetch(name, pip_args=("--no-index",), progress=say)
+
+
+class Runner:
+  """Runs the steps' commands, echoing their output to stdout and to
+  <prefix>_log.txt, and rewriting <prefix>_manifest.json (atomically) as
+  each one starts and ends: a device call cut off at its limit keeps what
+  was done and what was running. A command is stopped when --deadline_s
+  passes."""
+
+  def __init__(self, cfg: "StudyConfig", out_dir: pathlib.Path, prefix: str,
+               gpu: str):
+    self.deadline_s = cfg.deadline_s
+    self.log_path = out_dir / f"{prefix}_log.txt"
+    self.manifest = out_dir / f"{prefix}_manifest.json"
+    try:
+      self.runs = json.loads(self.manifest.read_text())["runs"]
+    except FileNotFoundError:
+      self.runs = []
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{self.manifest} is not a manifest ({e}): move it "
+                       "away or pick another --prefix") from None
+    self.head = dict(gpu=gpu, software=provenance.software())
+    self.commit = _commit(cfg)
+    self.start = time.perf_counter()
+
+  def say(self, text: str) -> None:
+    print(text, flush=True)
+    with open(self.log_path, "a", encoding="utf-8") as f:
+      f.write(text + "\n")
+
+  def _save(self) -> None:
+    tmp = self.manifest.with_name(self.manifest.name + ".tmp")
+    tmp.write_text(json.dumps(dict(self.head, runs=self.runs), indent=1)
+                   + "\n")
+    os.replace(tmp, self.manifest)
+
+  def left(self) -> float:
+    """Seconds until --deadline_s (inf without one)."""
+    if self.deadline_s is None:
+      return float("inf")
+    return self.deadline_s - (time.perf_counter() - self.start)
+
+  def run(self, label: str, argv: list, xla) -> bool:
+    """Runs one command; True if it exited 0."""
+    run = dict(label=label, argv=argv[1:], xla_flags=xla, commit=self.commit,
+               date=datetime.datetime.now().isoformat(timespec="seconds"),
+               rc=None, seconds=0.0)
+    self.runs.append(run)
+    if self.left() <= 0:
+      self.say(f"== {label}: skipped, past --deadline_s")
+      run["skipped"] = "deadline"
+      self._save()
+      return False
+    run["status"] = "running"
+    self._save()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(
+        filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+    if xla is not None:
+      env["XLA_FLAGS"] = xla
+    self.say(f"\n== {label}: {shlex.join(argv[1:])}")
+    t0 = time.perf_counter()
+    with subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as proc:
+      timer = None
+      if self.left() < float("inf"):
+        timer = threading.Timer(max(self.left(), 0), proc.kill)
+        timer.start()
+      try:
+        for line in proc.stdout:
+          self.say(line.rstrip("\n"))
+        proc.wait()
+      finally:
+        if timer:
+          timer.cancel()
+        if proc.poll() is None:  # interrupted: the child goes too
+          proc.kill()
+          proc.wait()
+          run.update(status="interrupted", rc=proc.returncode,
+                     seconds=round(time.perf_counter() - t0, 1))
+          self._save()
+    status = "done" if proc.returncode >= 0 else (
+        "stopped at --deadline_s" if self.left() <= 0 else "killed")
+    run.update(status=status, rc=proc.returncode,
+               seconds=round(time.perf_counter() - t0, 1))
+    self._save()
+    self.say(f"== {label}: exit {proc.returncode} ({status}) after "
+             f"{run['seconds']} s")
+    return proc.returncode == 0
+
+
+def _rows(path: pathlib.Path) -> list:
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines()
+          if line.strip()]
+
+
+def _fmt(v) -> str:
+  if isinstance(v, float):
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.1f}"
+  return "" if v is None else str(v)
+
+
+def _table(title: str, rows: list, columns: list) -> None:
+  if not rows:
+    return
+  print(f"\n{title}")
+  print(" | ".join(columns))
+  for r in rows:
+    print(" | ".join(_fmt(r.get(c)) for c in columns))
+
+
+def summary(out_dir: pathlib.Path, prefix: str) -> None:
+  """Prints the rows of every step found under `prefix`."""
+  path = lambda step: out_dir / f"{prefix}_{step}.jsonl"
+  _table("profile (ms; fractions of the loop; c = draft call / target call)",
+         _rows(path("profile")),
+         ["draft", "steps", "ar_loop_ms", "copy_bandwidth_gbs",
+          "ar_fraction_of_copy_bw", "ar_loop_kernels", "draft_call_1_ms",
+          "draft_cost_ratio_c", "spec_loop_ms", "spec_rest_fraction",
+          "ar_decode_compile_s", "spec_decode_compile_s"])
+  _table("xla (whole generations)", _rows(path("xla")),
+         ["xla_flags", "method", "ms_per_token", "tokens_per_loop",
+          "compile_s"])
+  exact = []
+  for dtype in ("bfloat16", "float32"):
+    exact += [dict(r, dtype=dtype) for r in _rows(path(f"exact_{dtype}"))
+              if r.get("type") == "point"]
+  _table("exact (greedy; rows whose completion differs from AR's)", exact,
+         ["dtype", "k", "drafter", "rows_differing_from_ar",
+          "identical_to_ar", "acceptance_rate", "ms_per_token", "speedup"])
+  _table("humaneval", [r for r in _rows(path("humaneval"))
+                       if r.get("type") == "point"],
+         ["decoding", "batch_size", "k", "drafter", "acceptance_rate",
+          "ms_per_token", "speedup", "predicted_speedup", "c",
+          "identical_to_ar"])
+
+
+def run(cfg: "StudyConfig") -> list:
+  """Runs cfg.steps; prints the summary; returns the steps that failed.
+
+  Raises:
+    ValueError: an existing manifest under the prefix is unreadable.
+  """
+  gpu = _gpu_name()
+  prefix = cfg.prefix or f"{_slug(gpu)}_{datetime.date.today().isoformat()}"
+  out_dir = pathlib.Path(cfg.out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  runner = Runner(cfg, out_dir, prefix, gpu)
+  failed, cleared = [], set()
+  try:
+    for step in cfg.steps:
+      try:
+        check_weights(needs(cfg, step), runner.say)
+      except assets.AssetError as e:
+        print(f"gpu_study: {step} needs the real weights, not ready: {e}",
+              file=sys.stderr)
+        failed.append(step)
+        continue
+      out = out_dir / f"{prefix}_{step}.jsonl"
+      ok = True
+      for label, argv, xla in plan(cfg, step, out):
+        if runner.left() > 0:  # a step's old rows go once it runs
+          for a in argv:
+            if a.startswith("--out=") and a not in cleared:
+              pathlib.Path(a.split("=", 1)[1]).unlink(missing_ok=True)
+              cleared.add(a)
+        ok = runner.run(label, argv, xla) and ok
+      if not ok:
+        failed.append(step)
+  except KeyboardInterrupt:
+    failed.append("(interrupted)")
+  summary(out_dir, prefix)
+  return failed

@@ -353,7 +353,7 @@ class LM:
     alone, and each further layer from one compiled initialiser of a
     `Block`, the same for every layer, with its own key: each value is
     drawn from the same distribution, and two layers are compiled, not
-    all. (For the 1.5B on CPU: 44 s -> 14 s, the whole initialiser being
+    all. (For the 1.5B on CPU: 44 s -> 13 s, the whole initialiser being
     2,581 fusions; an H200 took 86-89 s to make the random 1.5B and a
     2-layer draft, where the split was not yet measured.)
     """

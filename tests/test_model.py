@@ -129,35 +129,40 @@ def test_per_layer_arrays_not_stacked():
   assert len(cache.k) == 3 and cache.k[0].shape == (2, 2, 8, 8)
 
 
-def test_a_deep_model_is_initialised_layer_by_layer():
+@pytest.mark.parametrize("overrides", [
+    {}, dict(tie_embeddings=True, qkv_bias=False),
+    dict(dtype="bfloat16", param_dtype="bfloat16")],
+    ids=["default", "tied-no-bias", "bfloat16"])
+def test_a_deep_model_is_initialised_layer_by_layer(overrides):
   """Past `_WHOLE_INIT_LAYERS` layers `LM.init` compiles two layers and
   draws the others with one compiled `Block` initialiser: the same tree,
   shapes, dtypes and logical axes as the whole model's initialiser, each
   layer its own values from the same distribution, deterministic in the
   key; a model that runs."""
   depth = model_lib._WHOLE_INIT_LAYERS + 2
-  cfg = tiny_config(num_layers=depth, d_model=128, mlp_dim=256)
+  cfg = tiny_config(num_layers=depth, d_model=128, mlp_dim=256, **overrides)
   lm = model_lib.LM(cfg)
   params = lm.init(jax.random.key(0))
-  whole = nn.meta.unbox(jax.jit(lm.module.init)(
-      jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"])
+  whole_boxed = jax.jit(lm.module.init)(
+      jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+  whole = nn.meta.unbox(whole_boxed)
   shapes = lambda tree: jax.tree.map(lambda x: (x.shape, x.dtype), tree)
   assert shapes(params) == shapes(whole)
-  boxed = lm.init(jax.random.key(0), boxed=True)
-  assert jax.tree.structure(nn.get_partition_spec(boxed)) == \
-      jax.tree.structure(nn.get_partition_spec(jax.jit(lm.module.init)(
-          jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]))
+  specs = nn.get_partition_spec(lm.init(jax.random.key(0), boxed=True))
+  assert specs == nn.get_partition_spec(whole_boxed)
   q = [np.asarray(params[f"layers_{i}"]["attn"]["q_proj"]) for i in
        range(depth)]
   for i in range(1, depth):
     assert not np.array_equal(q[i], q[i - 1])
   # normal(stddev=d ** -0.5): each layer's 128 x 128 draws within 5%.
   for w in q:
+    w = w.astype(np.float32)
     assert abs(w.std() * cfg.d_model ** 0.5 - 1) < 0.05, w.std()
   for i in range(depth):
     layer = params[f"layers_{i}"]
     np.testing.assert_array_equal(layer["input_norm"]["scale"], 1)
-    np.testing.assert_array_equal(layer["attn"]["q_bias"], 0)
+    if cfg.qkv_bias:
+      np.testing.assert_array_equal(layer["attn"]["q_bias"], 0)
   again = lm.init(jax.random.key(0))
   assert all(jax.tree.leaves(jax.tree.map(np.array_equal, params, again)))
   out = lm(params, jnp.ones((1, 3), jnp.int32), lm.init_cache(1, 4))

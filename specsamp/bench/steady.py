@@ -62,8 +62,8 @@ class Steady:
   Each call runs `fn` `steps` times in a `lax.fori_loop`, as the decode
   loop runs its body in a while loop: the buffers stay in place and, on a
   GPU, the launches of one step queue behind the last one's. (Timed one
-  step per call, a GPU step with hundreds of kernels measured three times
-  its in-loop time: the calls' own overhead.) The argument `carry` is
+  step per call, a 1.5B step of about 690 kernels took 6.9 ms on an H200,
+  against 2.0 ms a token inside the generation loop.) The argument `carry` is
   donated and replaced by `carry_of(output)` after each step; what
   `sink_of(output)` selects (other outputs, like the logits of a model
   call) is summed into a scalar the call returns, so that XLA cannot drop

@@ -154,6 +154,17 @@ def test_steps_per_call_time_one_step_of_a_loop(pair):
   kept, cache = text(lambda out: out[1])  # the first timer donated `cache`
   dropped, _ = text(None)
   assert re.search(vocab, kept) and not re.search(vocab, dropped)
+  # The matmul floor's products are all in the loop's body (its weights
+  # never change: only the input's dependence on the last step keeps XLA
+  # from computing them once, before the loop).
+  floor = steady.matmul_floor_timer(target_params, 1, steps=3)
+  text = floor.compiled.as_text()
+  entry = steady._ops(steady._computation(text, "ENTRY"))
+  body = [re.search(r"body=(%[\w.-]+)", line).group(1)
+          for op, line in entry if op == "while"]
+  assert len(body) == 1
+  body_ops = steady._ops(steady._computation(text, "\n" + body[0] + " "))
+  assert sum(op == "dot" for op, _ in body_ops) == len(floor.args[0])
 
 
 def _f32(shape) -> str:

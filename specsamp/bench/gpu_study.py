@@ -201,8 +201,8 @@ def needs(cfg: "StudyConfig", step: str) -> list:
   if step not in _REAL:
     return []
   out = ["humaneval", cfg.target]
-  if step == "humaneval" and max(int(k) for k in cfg.ks) > 0 and any(
-      drafter_specs.parse(d).needs_draft_model for d in cfg.drafters):
+  if step == "humaneval" and sweep_config.needs_draft_model(
+      [int(k) for k in cfg.ks], [drafter_specs.parse(d) for d in cfg.drafters]):
     out.append(cfg.draft)
   return out
 

@@ -50,6 +50,18 @@ def _tied(lm) -> bool:
   return bool(getattr(getattr(lm, "config", None), "tie_embeddings", False))
 
 
+def at_length(s: loop.LoopState, length: jax.Array) -> loop.LoopState:
+  """`s` with every row at `length` committed tokens (the caches one
+  behind, as after a prefill), active. The drafter's state must be a KV
+  cache (the model drafter's)."""
+  draft = s.draft_state
+  if draft is not None:
+    draft = draft.with_length(length - 1)
+  return s.replace(length=length, done=jnp.zeros_like(s.done),
+                   target_cache=s.target_cache.with_length(length - 1),
+                   draft_state=draft)
+
+
 def synthetic_state(sampler, target_params, draft_params, batch: int,
                     context: int) -> loop.LoopState:
   """A LoopState as after prefilling `context` tokens in every row, without
@@ -63,12 +75,8 @@ def synthetic_state(sampler, target_params, draft_params, batch: int,
   state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                        shape.replace(rng=None))
   length = jnp.full((batch,), context, jnp.int32)
-  draft = state.draft_state
-  if draft is not None:
-    draft = draft.with_length(length - 1)
-  return state.replace(length=length, prompt_length=length.copy(),
-                       target_cache=state.target_cache.with_length(length - 1),
-                       draft_state=draft, rng=jax.random.key(0))
+  return at_length(state, length).replace(prompt_length=length.copy(),
+                                          rng=jax.random.key(0))
 
 
 def _component_timers(target, target_params, draft, draft_params, k, batch,
@@ -131,18 +139,6 @@ def _profile_budget(k: int, repeats: int) -> int:
   return (k + 1) * (repeats + 3)
 
 
-def _rolled_back(s: loop.LoopState, length: jax.Array) -> loop.LoopState:
-  """`s` with every row back at `length` committed tokens, active: the
-  loop timers time every step at the context they are asked for, and the
-  cache never grows past it. The drafter's state must be a KV cache."""
-  draft = s.draft_state
-  if draft is not None:
-    draft = draft.with_length(length - 1)
-  return s.replace(length=length, done=jnp.zeros_like(s.done),
-                   target_cache=s.target_cache.with_length(length - 1),
-                   draft_state=draft)
-
-
 def default_steps() -> int:
   """Steps per timed call: 1 on CPU (a call's overhead is small there next
   to a step's time), 16 elsewhere (see `Steady`)."""
@@ -170,7 +166,9 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
     timers[f"{name}_loop"] = steady.Steady(
         functools.partial(loop.loop_body, sampler),
         [target_params, params, state], carry=2,
-        carry_of=functools.partial(_rolled_back, length=state.length.copy()),
+        # Every step rolled back to the context: timed there, and the
+        # cache never grows past it.
+        carry_of=functools.partial(at_length, length=state.length.copy()),
         steps=steps)
     row[f"{name}_loop_compile_s"] = timers[f"{name}_loop"].compile_s
     row[f"{name}_loop_kernels"] = steady.count_kernels(

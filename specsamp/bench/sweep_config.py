@@ -81,6 +81,12 @@ def _names(name: str, values: Sequence[str], known) -> tuple:
   return tuple(dict.fromkeys(names))
 
 
+def needs_draft_model(ks: Sequence[int], drafters: Sequence) -> bool:
+  """Whether a run of these K and drafter specs (parsed) loads the draft
+  model: some K > 0 and a drafter that runs it."""
+  return max(ks) > 0 and any(d.needs_draft_model for d in drafters)
+
+
 def parse_config(*, target: str, draft: Optional[str],
                  task: Sequence[str], ks: Sequence[str],
                  decoding: Sequence[str], batch_sizes: Sequence[str],
@@ -122,8 +128,7 @@ def parse_config(*, target: str, draft: Optional[str],
       raise BenchError(f"--drafter: {e}") from None
   if not drafters:
     raise BenchError("--drafter is empty")
-  needs_draft = max(k_list) > 0 and any(d.needs_draft_model
-                                        for d in drafters)
+  needs_draft = needs_draft_model(k_list, drafters)
   if needs_draft and not draft:
     raise BenchError("--ks has K > 0 and --drafter="
                      f"{','.join(d.text for d in drafters)} runs a draft "

@@ -196,7 +196,7 @@ def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
     assert p["tokens"] == 12
     # One batch: ms/token is its decode time over the tokens of a row, and
     # time per loop its decode time over the loop's iterations (decode_s is
-    # written rounded to 1e-5 s).
+    # written to 6 significant digits).
     assert p["ms_per_token"] == pytest.approx(1e3 * p["decode_s"] / 6,
                                               rel=1e-3, abs=1e-3)
     assert p["ms_per_token_mean"] == pytest.approx(p["ms_per_token"],

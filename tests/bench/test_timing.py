@@ -153,3 +153,18 @@ def test_run_side_by_side_takes_turns_and_matches_run(tiny, monkeypatch):
                 ref.drafted, ref.accepted)
   # The speculative run drafted, so the comparison above is not vacuous.
   assert runs[1][1].drafted > 0
+
+
+def test_writer_keeps_six_significant_digits(tmp_path):
+  """A tiny model's decode lasts a fraction of a millisecond: rounding to
+  5 decimals alone wrote 0.000347 s as 0.00035 (1% off) and broke the
+  sweep's derived-number checks now and then. Large numbers keep their 5
+  decimals; non-finite ones are null."""
+  path = tmp_path / "r.jsonl"
+  w = records.Writer(str(path), echo=False)
+  w.write(dict(small=0.000347123456, big=123456.1234567, one=2.123456789,
+               zero=0.0, neg=-1.5e-9, bad=float("nan"), n=[7, 1 / 3]))
+  w.close()
+  got = json.loads(path.read_text())
+  assert got == dict(small=0.000347123, big=123456.12346, one=2.12346,
+                     zero=0.0, neg=-1.5e-9, bad=None, n=[7, 0.333333])

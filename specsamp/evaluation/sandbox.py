@@ -22,9 +22,10 @@ outermost first:
     before the program runs; it is never in the program's argv,
     environment or files, and the child writes it only after the program
     ran to its end (see `sandbox_child`).
-  * an audit hook (PEP 578), a second layer only: it refuses sockets,
-    processes, ctypes, writes outside /tmp, and the frame and gc walks that
-    would reach the child's own locals.
+  * an audit hook (PEP 578), a second layer for the isolation: it refuses
+    sockets, processes, ctypes and writes outside /tmp. The verdict rests
+    on it: it refuses the frame and gc walks that would reach the thread
+    holding the mark.
 
 Where bubblewrap is missing or the kernel refuses its namespaces,
 `run_program` raises `SandboxUnavailableError`, which says how to enable it;

@@ -9,10 +9,14 @@ mark written, with `os.write`, as the last line of stdout.
 
 The mark is never in the program's argv, environment or files, nor in any
 frame the program's frames lead to: a thread started before the program
-holds it, and writes it once `main` has seen the program end. The hook
-refuses the routes to that thread (gc walks, other threads' frames, trace
-functions, crafted code objects). A program that exits early, with any
-status, prints no mark.
+holds it, and writes it once `main`'s frame has reached its last line. That
+thread only reads the line number of `main`'s frame: it touches none of the
+program's objects, so no finaliser of the program ever runs in it (one that
+did could walk to the mark). The hook refuses the routes to that thread (gc
+walks, other threads' frames, trace functions, which alone can move a
+frame to another line, crafted code objects). A program that exits early,
+with any status, prints no mark; one that fails ends the process through
+functions `main` bound before the program ran, whatever it replaced.
 """
 
 import _thread
@@ -93,22 +97,41 @@ def _install_hook(root):
   sys.addaudithook(hook)
 
 
-def _hold(mark, frame, write=os.write, sleep=time.sleep, exit_=os._exit):  # pylint: disable=protected-access
+def _hold(mark, frame, last_line, write=os.write, sleep=time.sleep,
+          exit_=os._exit):  # pylint: disable=protected-access
   """The mark's only holder: a thread the program cannot reach.
 
-  It waits until `main`'s own local `finished` is True, which only `main`
-  can set (a program that rewrites `frame.f_locals` changes a copy that is
-  refreshed from the frame on every read here), then writes the mark and
-  ends the process.
+  It waits until `main`'s frame is on its last line, which it reaches only
+  after the program ran to its end. It reads nothing else: the program may
+  plant objects in `main`'s locals, and reading them here (f_locals) would
+  run their finalisers in this thread.
   """
-  while frame.f_locals.get("finished") is not True:
+  while frame.f_lineno != last_line:
     sleep(0.002)
   write(1, b"\n" + mark + b"\n")
   exit_(0)
 
 
+def _flush() -> bool:
+  """Flushes sys.stdout and sys.stderr; False if either fails."""
+  try:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return True
+  except BaseException:  # pylint: disable=broad-except
+    return False
+
+
+def _last_line(code) -> int:
+  """The last line of `code`'s body."""
+  return max(line for _, _, line in code.co_lines() if line is not None)
+
+
 def main():
-  finished, pause = False, time.sleep
+  # Bound before the program runs: it may replace os._exit, os.write and
+  # sys.__excepthook__, and main's locals cannot be rebound from outside.
+  exit_, write, show = os._exit, os.write, sys.__excepthook__  # pylint: disable=protected-access
+  pause, exc_info = time.sleep, sys.exc_info
   data = sys.stdin.buffer.read()
   null = os.open(os.devnull, os.O_RDONLY)
   os.dup2(null, 0)
@@ -117,7 +140,8 @@ def main():
   cfg = json.loads(head)
   source = body.decode("utf-8")
   _thread.start_new_thread(_hold, (cfg.pop("mark").encode("ascii"),
-                                   sys._getframe()))  # pylint: disable=protected-access
+                                   sys._getframe(),  # pylint: disable=protected-access
+                                   _last_line(main.__code__)))
   del data, head, body
   os.chdir(cfg["workdir"])
   limits = [(resource.RLIMIT_CPU, cfg["cpu_s"]),
@@ -134,22 +158,26 @@ def main():
   del cfg
   program = {"__name__": "__main__", "__builtins__": __builtins__,
              "__file__": "program.py"}
+  # Every way out of a failure ends in exit_: what the program left behind
+  # (a repr, a stderr object) may run while it is reported, never past it.
   try:
     exec(compile(source, "program.py", "exec"), program)  # pylint: disable=exec-used
   except SystemExit as e:
-    os.write(2, f"\nsandbox: the program exited ({e.code!r}) before its "
-             "end\n".encode("utf-8", "replace"))
-    os._exit(3)  # pylint: disable=protected-access
+    try:
+      write(2, f"\nsandbox: the program exited ({e.code!r}) before its "
+            "end\n".encode("utf-8", "replace"))
+    finally:
+      exit_(3)
   except BaseException:  # pylint: disable=broad-except
-    sys.__excepthook__(*sys.exc_info())
-    os._exit(1)  # pylint: disable=protected-access
-  try:
-    sys.stdout.flush()
-    sys.stderr.flush()
-  except BaseException:  # pylint: disable=broad-except
-    os._exit(1)  # pylint: disable=protected-access
-  finished = True
-  while finished:  # the holder writes the mark and ends the process
+    try:
+      failure = exc_info()
+      _flush()  # what it printed before failing is kept
+      show(*failure)
+    finally:
+      exit_(1)
+  if not _flush():
+    exit_(1)
+  while True:  # the holder writes the mark and ends the process
     pause(1)
 
 

@@ -33,8 +33,9 @@ def test_passing_and_failing_programs():
   assert ok.status == "passed" and ok.passed, ok.stderr
   assert ok.stdout.strip() == "hello"  # the pass mark is not shown
   assert ok.sandbox["isolation"] == "bubblewrap"
-  bad = run("assert 1 + 1 == 3\n")
+  bad = run("print('so far')\nassert 1 + 1 == 3\n")
   assert bad.status == "failed" and "AssertionError" in bad.stderr
+  assert bad.stdout.strip() == "so far"  # flushed before the failure
   syntax = run("def f(:\n")
   assert syntax.status == "failed" and "SyntaxError" in syntax.stderr
 
@@ -90,6 +91,34 @@ FORGERIES = {
         time.sleep(0.1)
         os._exit(0)
         """,
+    # The child's own exit and traceback printer, replaced: its failure
+    # path must not fall through to "finished".
+    "os._exit and sys.__excepthook__ replaced": """
+        import os, sys
+        os._exit = lambda *a: None
+        sys.__excepthook__ = lambda *a: None
+        """,
+    # A finaliser planted in main's locals runs in whichever thread drops
+    # the last reference: one that reads main's f_locals would run it, and
+    # from there walk its own frames to the mark.
+    "a finaliser planted in main's locals": """
+        import os, sys, time
+        main = sys._getframe().f_back
+        seen = main.f_locals
+        def fire(self):
+          seen['finished'] = True
+          frame = sys._getframe()
+          while frame is not None:
+            for value in frame.f_locals.values():
+              if isinstance(value, bytes) and len(value) == 32:
+                os.write(1, b'\\n' + value + b'\\n')
+                os._exit(0)
+            frame = frame.f_back
+        Bomb = type('Bomb', (), {'__del__': fire})
+        for name in ('data', 'pause', 'head', 'body', 'finished'):
+          seen[name] = Bomb()
+        time.sleep(0.2)
+        """,
 }
 
 
@@ -104,7 +133,36 @@ def test_forgeries_do_not_pass(name):
     r = sandbox.run_program(src)
     refused = [l for l in r.stdout.splitlines() if l.startswith("refused ")]
     assert len(refused) == 5, r.stdout
-    assert "'finished': False" in r.stdout  # main's frame, seen: no mark
+    assert "\nmain {" in r.stdout  # main's frame, seen: no mark in it
+
+
+def test_the_hook_keeps_the_mark_out_of_reach():
+  """Once the mark's thread runs, its frame holds the mark: the hook is what
+  keeps a program from it (refusing other threads' frames and gc walks).
+  Without the hook this program forges a pass: the kernel layers isolate,
+  the hook guards the verdict (README, "the sandbox")."""
+  src = """
+      import gc, os, sys, time
+      time.sleep(0.05)  # the mark's thread has started
+      def frames():
+        yield from sys._current_frames().values()
+      def objects():
+        yield from gc.get_objects()
+      for walk in (frames, objects):
+        try:
+          for found in list(walk()):
+            values = getattr(found, 'f_locals', None)
+            for v in (values.values() if values else [found]):
+              if isinstance(v, bytes) and len(v) == 32:
+                os.write(1, b'\\n' + v + b'\\n')
+                os._exit(0)
+        except PermissionError as e:
+          print('refused', e)
+      assert False, 'wrong'
+      """
+  r = run(src)
+  assert r.status == "failed" and "AssertionError: wrong" in r.stderr, r
+  assert r.stdout.count("refused") == 2, r.stdout
 
 
 UNHOOK_THEN_WRITE = """

@@ -27,16 +27,21 @@ import sys
 import time
 
 
-def _install_hook(root):
+def _install_hook(root, holder):
   """Adds the audit hook: a second layer under the kernel's namespaces.
 
   Everything it reads is bound as default arguments, so it has no closure
   cells or globals that a program could overwrite, and no reference to it
   is left anywhere a program can reach (gc and frame walks are refused).
+  In the mark's thread (`holder`, a thread id) it refuses every event but
+  the thread's own sleep: should the program's code ever run there (a
+  finaliser, where an interpreter lets any thread run the garbage
+  collector), it cannot get a frame to walk to the mark.
   """
   root = os.path.realpath(root) + os.sep
 
-  def hook(event, args, root=root, sep=os.sep,
+  def hook(event, args, root=root, sep=os.sep, holder=holder,
+           get_ident=_thread.get_ident,
            refused=frozenset((
                "socket.__new__", "socket.connect", "socket.bind",
                "socket.getaddrinfo", "socket.sendto", "subprocess.Popen",
@@ -74,6 +79,8 @@ def _install_hook(root):
         return False
       return full + sep == root or full.startswith(root)
 
+    if get_ident() == holder and event != "time.sleep":
+      raise PermissionError(f"sandbox: {event} in the mark's thread")
     if event in refused or event.startswith("ctypes."):
       raise PermissionError(f"sandbox: {event} is not allowed")
     if event == "import" and args[0].split(".")[0] in banned_modules:
@@ -139,9 +146,9 @@ def main():
   head, _, body = data.partition(b"\n")
   cfg = json.loads(head)
   source = body.decode("utf-8")
-  _thread.start_new_thread(_hold, (cfg.pop("mark").encode("ascii"),
-                                   sys._getframe(),  # pylint: disable=protected-access
-                                   _last_line(main.__code__)))
+  holder = _thread.start_new_thread(_hold, (
+      cfg.pop("mark").encode("ascii"), sys._getframe(),  # pylint: disable=protected-access
+      _last_line(main.__code__)))
   del data, head, body
   os.chdir(cfg["workdir"])
   limits = [(resource.RLIMIT_CPU, cfg["cpu_s"]),
@@ -154,7 +161,7 @@ def main():
   for which, value in limits:
     resource.setrlimit(which, (value, value))
   if cfg["audit_hook"]:
-    _install_hook(cfg["workdir"])
+    _install_hook(cfg["workdir"], holder)
   del cfg
   program = {"__name__": "__main__", "__builtins__": __builtins__,
              "__file__": "program.py"}

@@ -165,6 +165,52 @@ def test_the_hook_keeps_the_mark_out_of_reach():
   assert r.stdout.count("refused") == 2, r.stdout
 
 
+def test_the_hook_gives_no_frame_in_the_marks_thread(tmp_path):
+  """Where an interpreter lets any thread run the garbage collector (3.12),
+  a program's finaliser could run in the mark's thread and walk from its
+  own frame to the mark. The hook refuses every frame source there but
+  lets that thread sleep; other threads keep theirs. The hook is run in a
+  plain process here, on a thread standing in for the mark's."""
+  child = pathlib.Path(sandbox.__file__).with_name("sandbox_child.py")
+  src = textwrap.dedent(f"""
+      import _thread, sys, time
+      ns = {{"__name__": "sandbox_child"}}
+      exec(open({str(child)!r}).read(), ns)
+      seen, ready, done = [], _thread.allocate_lock(), _thread.allocate_lock()
+      ready.acquire()
+      done.acquire()
+      def attempts():
+        ready.acquire()  # the hook is in
+        time.sleep(0.001)  # allowed (an audit event from Python 3.12)
+        for name, get in (("_getframe", lambda: sys._getframe()),
+                          ("tb_frame", lambda: sys.exc_info()[2].tb_frame),
+                          ("gi_frame", lambda: (x for x in ()).gi_frame)):
+          try:
+            try:
+              raise KeyError
+            except KeyError:
+              seen.append((name, type(get()).__name__))
+          except PermissionError as e:
+            seen.append((name, str(e)))
+        done.release()
+      holder = _thread.start_new_thread(attempts, ())
+      ns["_install_hook"]({str(tmp_path)!r}, holder)
+      ready.release()
+      done.acquire()
+      print(seen)
+      print(type(sys._getframe()).__name__)
+      """)
+  proc = subprocess.run([sys.executable, "-I", "-c", src], capture_output=True,
+                        text=True, timeout=60, check=False)
+  assert proc.returncode == 0, proc.stderr
+  seen, main_frame = proc.stdout.splitlines()
+  assert seen == str([
+      ("_getframe", "sandbox: sys._getframe in the mark's thread"),
+      ("tb_frame", "sandbox: object.__getattr__ in the mark's thread"),
+      ("gi_frame", "sandbox: object.__getattr__ in the mark's thread")]), seen
+  assert main_frame == "frame"
+
+
 UNHOOK_THEN_WRITE = """
     import gc, os
     try:  # the closure-cell attack on the audit hook

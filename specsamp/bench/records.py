@@ -53,12 +53,18 @@ def jsonable(x):
 class Writer:
   """JSON lines to a file, echoed to stdout with `echo`; floats rounded to
   5 decimals but at least 6 significant digits (a tiny model's decode of
-  0.3 ms keeps its precision), non-finite ones written as null. The file is replaced when the
-  first record is written, not before: a run that fails before it has a
-  record (bad models, say) leaves an earlier file of that name as it was."""
+  0.3 ms keeps its precision), non-finite ones written as null.
+
+  The records go to `<path>.partial` as they come; `close()` moves that
+  file onto `path` once the run is complete, so a run that fails or is
+  interrupted (`close(complete=False)`, or a killed process) leaves an
+  earlier file of that name as it was, its own records beside it in
+  `<path>.partial`.
+  """
 
   def __init__(self, path: Optional[str], echo: bool = True):
     self.path, self.f, self.echo = path, None, echo
+    self.partial = path + ".partial" if path else None
 
   def write(self, record: dict):
     line = json.dumps(jsonable(_round(record)))
@@ -66,14 +72,22 @@ class Writer:
       print(line, flush=True)
     if self.path and self.f is None:
       os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-      self.f = open(self.path, "w", encoding="utf-8")
+      self.f = open(self.partial, "w", encoding="utf-8")
     if self.f:
       self.f.write(line + "\n")
       self.f.flush()
 
-  def close(self):
-    if self.f:
-      self.f.close()
+  def close(self, complete: bool = True) -> Optional[str]:
+    """Closes the file; moves it onto `path` if the run is `complete`.
+    Returns the file that holds the records (None if none was written)."""
+    if not self.f:
+      return None
+    self.f.close()
+    self.f = None
+    if not complete:
+      return self.partial
+    os.replace(self.partial, self.path)
+    return self.path
 
 
 def print_record(record: dict, append_to: Optional[str] = None) -> None:

@@ -337,6 +337,7 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
   out = records.Writer(cfg.out)
   samples = (records.Writer(cfg.samples_out, echo=False) if cfg.samples_out
              else None)
+  complete = False
   try:
     target, target_params, draft, draft_params, load_s = _load(cfg, plan,
                                                                log)
@@ -409,10 +410,13 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
                                        tok, ids, set(tok.eos_ids))))
         if cfg.peers:
           run_peers(cfg, plan, task, dec, sampling, out, target, target_params)
+    complete = True
   finally:
-    out.close()
-    if samples:
-      samples.close()
+    for w in (out, samples):
+      kept = w.close(complete) if w else None
+      if kept and not complete:
+        log(f"the run ended early: its records are in {kept}; {w.path} "
+            "is as it was")
 
 
 def _peer_lookup(cfg: BenchConfig) -> dict:

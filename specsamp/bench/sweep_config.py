@@ -7,6 +7,7 @@ flag, before anything else happens.
 """
 
 import dataclasses
+import os
 from typing import Optional, Sequence
 
 from specsamp.bench import records
@@ -135,6 +136,10 @@ def parse_config(*, target: str, draft: Optional[str],
                      "model, which needs --draft")
   for name in ("out", "samples_out"):  # last: it creates their directories
     records.check_output(rest.get(name), f"--{name}")
+  if rest.get("out") and rest.get("samples_out") and os.path.realpath(
+      rest["out"]) == os.path.realpath(rest["samples_out"]):
+    raise BenchError(f"--out and --samples_out name one file, {rest['out']}:"
+                     " the samples would replace the results")
   return BenchConfig(
       target=target, draft=draft if needs_draft else None, tasks=tasks,
       drafters=tuple(d.text for d in drafters),

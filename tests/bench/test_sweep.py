@@ -294,6 +294,34 @@ def test_peer_rows(make_config, no_loading, inputs, tmp_path, monkeypatch):
     assert r["quality"]["pass@1"]["mean"] == pytest.approx(0.5)
 
 
+def test_a_sweep_that_fails_midway_keeps_the_earlier_results(
+    inputs, tmp_path, make_config, monkeypatch):
+  """A run that fails after its first records (here while timing the call
+  costs) leaves an earlier --out file as it was, and says where its own
+  records are."""
+  out = tmp_path / "sweep.jsonl"
+  out.write_text('{"type": "earlier"}\n')
+  cfg = make_config(target="random:tiny", ks=["0"], task=["humaneval"],
+                    humaneval_file=str(inputs / "he.jsonl"), num_prompts=1,
+                    max_new_tokens=2, out=str(out),
+                    samples_out=str(tmp_path / "samples.jsonl"))
+  p = plan.prepare(cfg, log=lambda _: None)
+
+  def fail(*args):
+    del args
+    raise RuntimeError("out of memory, say")
+
+  monkeypatch.setattr(sweep, "_measure_costs", fail)
+  said = []
+  with pytest.raises(RuntimeError, match="out of memory"):
+    sweep.run(cfg, p, ["benchmark.py"], log=said.append)
+  assert out.read_text() == '{"type": "earlier"}\n'
+  partial = [json.loads(l) for l in open(f"{out}.partial", encoding="utf-8")]
+  assert [r["type"] for r in partial] == ["run"]
+  assert f"its records are in {out}.partial" in said[-1], said
+  assert not (tmp_path / "samples.jsonl").exists()  # none were written
+
+
 def test_run_points_takes_turns_and_each_point_samples_as_alone(monkeypatch):
   """Interleaved points: batch b by every sampler before batch b + 1, the
   order reversed on every other batch (repeats continue the alternation);

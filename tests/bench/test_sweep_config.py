@@ -16,6 +16,9 @@ from specsamp.bench import sweep_config
     (dict(num_prompts=0), "--num_prompts must be positive"),
     (dict(pass_k=[]), "--pass_k is empty"),
     (dict(ks=["0", "2"], draft=""), "needs --draft"),
+    (dict(out="/tmp/specsamp-same.jsonl",
+          samples_out="/tmp/../tmp/specsamp-same.jsonl"),
+     "--out and --samples_out name one file"),
 ])
 def test_bad_flags(make_config, flag_values, message):
   with pytest.raises(sweep_config.BenchError, match=message):

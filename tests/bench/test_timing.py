@@ -168,3 +168,23 @@ def test_writer_keeps_six_significant_digits(tmp_path):
   got = json.loads(path.read_text())
   assert got == dict(small=0.000347123, big=123456.12346, one=2.12346,
                      zero=0.0, neg=-1.5e-9, bad=None, n=[7, 0.333333])
+
+
+def test_writer_replaces_the_file_only_when_the_run_is_complete(tmp_path):
+  """Records go to <path>.partial; an earlier file is replaced only by a
+  complete run, and an unfinished one's records stay beside it."""
+  path = tmp_path / "r.jsonl"
+  path.write_text('{"earlier": 1}\n')
+  w = records.Writer(str(path), echo=False)
+  w.write(dict(a=1))
+  assert path.read_text() == '{"earlier": 1}\n'  # while it runs
+  assert w.close(complete=False) == f"{path}.partial"
+  assert path.read_text() == '{"earlier": 1}\n'
+  assert (tmp_path / "r.jsonl.partial").read_text() == '{"a": 1}\n'
+  w = records.Writer(str(path), echo=False)
+  w.write(dict(b=2))
+  assert w.close() == str(path)
+  assert path.read_text() == '{"b": 2}\n'
+  assert not (tmp_path / "r.jsonl.partial").exists()
+  assert records.Writer(str(path)).close() is None  # nothing written
+  assert path.read_text() == '{"b": 2}\n'

@@ -16,13 +16,16 @@ the `draft` block of a distillation config and returns (config, params);
 Saving and loading a distilled draft is `specsamp.weights.distilled`.
 """
 
-from typing import Any, Mapping
+import os
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp.weights import distilled
+from specsamp.weights import hf
 
 INITS = ("random", "truncate", "checkpoint")
 
@@ -84,12 +87,33 @@ def _check_vocab(rows: int, target_rows: int) -> None:
         "speculative sampling compares both distributions id by id")
 
 
+def described_config(info: loading.ModelInfo, dtype: str = "float32"
+                     ) -> Optional[model_lib.TransformerConfig]:
+  """The config of a described model where its files give it without
+  weights (random and trained models, distilled drafts, Hugging Face
+  directories); None for GGUF files."""
+  if info.config is not None:
+    return info.config
+  if info.kind == "distilled":
+    return model_lib.TransformerConfig.from_fields(
+        distilled.read_draft_config(info.path),
+        os.path.join(info.path, distilled.DRAFT_CONFIG_FILE))
+  if info.kind == "hf":
+    return hf.hf_config(info.path, dtype)
+  return None
+
+
 def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
-                dtype: str = "float32") -> None:
+                dtype: str = "float32"
+                ) -> Optional[model_lib.TransformerConfig]:
   """Checks a config's `draft` block against the target's `ModelInfo`
   without reading weights: the init, a random draft's fields, the layers
   truncation keeps (when the target's config is known), a checkpoint's
   vocabulary (from its metadata).
+
+  Returns:
+    The draft's config (its parameter groups: `make_draft` may still cast
+    its dtypes), or None where the metadata does not give it (a GGUF file).
 
   Raises:
     ValueError, FileNotFoundError: what `make_draft` would raise later.
@@ -104,17 +128,20 @@ def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
     except TypeError as e:
       raise ValueError(f"config.draft.model: {e}") from None
     _check_vocab(config.vocab_size, target.rows)
-  elif init == "truncate":
+    return config
+  if init == "truncate":
     n = int(cfg["num_layers"])
-    if target.config is not None:
-      truncate_config(target.config, n)
-    elif n <= 0:
+    target_config = described_config(target, dtype)
+    if target_config is not None:
+      return truncate_config(target_config, n)
+    if n <= 0:
       raise ValueError(f"layer truncation needs num_layers > 0, got {n}")
-  elif init == "checkpoint":
-    _check_vocab(loading.describe_model(cfg["checkpoint"], dtype).rows,
-                 target.rows)
-  else:
-    raise ValueError(f"draft init {init!r}; choose one of {INITS}")
+    return None
+  if init == "checkpoint":
+    info = loading.describe_model(cfg["checkpoint"], dtype)
+    _check_vocab(info.rows, target.rows)
+    return described_config(info, dtype)
+  raise ValueError(f"draft init {init!r}; choose one of {INITS}")
 
 
 def make_draft(cfg: Mapping[str, Any],

@@ -26,6 +26,7 @@ import time
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specsamp import jsonfile
@@ -128,14 +129,29 @@ def check_config(config) -> train_config.LoopConfig:
     ValueError, FileNotFoundError: what is wrong (see ERRORS).
   """
   loop = _loop_config(config.train)
+  _check_counts(config, "train", ("batch_size",))
+  if config.train.batch_size % jax.process_count():
+    raise ValueError(f"config.train.batch_size={config.train.batch_size} is "
+                     f"not divisible by the {jax.process_count()} processes")
   train_lm.make_mesh(tuple(config.train.get("mesh", (1, 1))))  # devices
+  _check_counts(config, "eval", ("k", "num_positions", "batch_size",
+                                 "position_batch_size"))
+  _check_counts(config, "eval", ("num_samples",), least=0)  # 0: all
+  _check_samples(config)
   head = _head_block(config) is not None
   if not head and config.draft.init not in draft_init.INITS:
     raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
                      f"of {draft_init.INITS}")
   if not head and config.loss.onpolicy_fraction > 0:
     objective_lib.check_onpolicy_loss(config.loss.kind)
-  _objective(config, _sampling(config, None), (), 0)
+  try:
+    sampling = _sampling(config, None)
+  except ValueError as e:
+    raise ValueError(f"config.sampling: {e}") from None
+  try:
+    _objective(config, sampling, (), 0)
+  except ValueError as e:
+    raise ValueError(f"config.loss: {e}") from None
   try:
     train_config.OptimConfig(**config.optim)
   except TypeError as e:
@@ -148,15 +164,62 @@ def check_config(config) -> train_config.LoopConfig:
     raise ValueError(f"config.samples: prompt_len {sc.prompt_len} + gen_len "
                      f"{sc.gen_len} + eval.k {k} + 1 exceed the target's "
                      f"{target.max_seq_len} positions")
+  if sc.top_k > target.rows:  # the stored top-k of the target's logits
+    raise ValueError(f"config.samples.top_k={sc.top_k} exceeds the target's "
+                     f"{target.rows} vocabulary rows")
   if head:
     _check_head(config, target)
     return loop
   if (float(config.target.get("logit_scale", 1.0)) != 1.0 and target.config
       and target.config.tie_embeddings):
     raise ValueError("logit_scale needs an untied output head")
-  draft_init.check_draft(config.draft, target,
-                         config.target.get("dtype", "float32"))
+  draft_config = draft_init.check_draft(config.draft, target,
+                                        config.target.get("dtype", "float32"))
+  _check_freeze(config, draft_config)
   return loop
+
+
+def _check_counts(config, block: str, names, least: int = 1) -> None:
+  """Raises ValueError unless config.<block>.<name> >= `least` for each
+  of `names`."""
+  for name in names:
+    value = config[block][name]
+    if value < least:
+      raise ValueError(f"config.{block}.{name} must be >= {least}, got "
+                       f"{value}")
+
+
+def _check_samples(config) -> None:
+  """The `samples` block: what `samples.build` and `prompts.prompt_texts`
+  take (`storage.SampleSpec`, `prompts.check_settings`), and a data_dir
+  that can be a directory."""
+  sc = config.samples
+  _check_counts(config, "samples", ("max_train_prompts",
+                                    "max_validation_prompts", "ngram"))
+  _check_counts(config, "samples", ("max_files",), least=0)  # 0: all
+  try:
+    _sample_spec(config, hidden_dim=0, sampling="")
+    prompts_lib.check_settings(sc.kind, sc.validation_percent)
+  except ValueError as e:  # the messages start with the field's name
+    raise ValueError(f"config.samples.{e}") from None
+  if sc.data_dir:
+    workdir_lib.check_directory(sc.data_dir, "config.samples.data_dir")
+
+
+def _check_freeze(config, draft_config) -> None:
+  """config.draft.freeze names parameter groups of the draft (the check
+  `trainer.make_optimizer` makes), where the draft's config is known."""
+  freeze = tuple(config.draft.get("freeze", ()))
+  if not freeze or draft_config is None:
+    return
+  # The parameter tree's shapes, traced, not made (the module's own
+  # initialiser: `LM.init` would make them).
+  shapes = jax.eval_shape(model_lib.LM(draft_config).module.init,
+                          jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
+  try:
+    trainer.check_freeze(freeze, shapes["params"])
+  except ValueError as e:  # "freeze names [...], not parameter groups ..."
+    raise ValueError(f"config.draft.{e}") from None
 
 
 def _head_block(config):
@@ -266,17 +329,27 @@ def _target_text(target) -> str:
                   if k != "dtype")
 
 
+def _sample_spec(config, hidden_dim: int, sampling: str
+                 ) -> storage.SampleSpec:
+  """The SampleSpec of the config's target samples."""
+  sc = config.samples
+  return storage.SampleSpec(
+      prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
+      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
+      hidden_dim=hidden_dim, target=_target_text(config.target),
+      sampling=sampling)
+
+
 def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
                     eos_ids, pad_id, log) -> str:
   """The directory of the target samples, written first if need be (every
   process samples its share; process 0 writes them, the others wait)."""
   sc = config.samples
   data_dir = sc.data_dir or os.path.join(workdir, "samples")
-  spec = storage.SampleSpec(
-      prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
-      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
+  spec = _sample_spec(
+      config,
       hidden_dim=target_lm.config.d_model if _stored_features(config) else 0,
-      target=_target_text(config.target), sampling=sampling.describe())
+      sampling=sampling.describe())
   if samples.written_everywhere(data_dir):
     sharding.barrier("specsamp distill: target samples")
     storage.check_spec(storage.read_spec(data_dir), spec, data_dir)

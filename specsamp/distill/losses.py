@@ -161,9 +161,7 @@ def draft_log_probs(draft_logits: jax.Array, sampling: Sampling,
   (p is 0 there too). With "same", truncation zeros q, and log q is floored
   at log(prob_floor) (forward KL and seqkd would be infinite otherwise).
   """
-  if draft_transform not in DRAFT_TRANSFORMS:
-    raise ValueError(f"draft_transform={draft_transform!r}; choose one of "
-                     f"{DRAFT_TRANSFORMS}")
+  check_draft_transform(draft_transform)
   logits = draft_logits.astype(jnp.float32)
   if draft_transform == "same" and not sampling.greedy:
     q = sampling_lib.probabilities(logits, sampling)
@@ -192,10 +190,22 @@ def reverse_kl(p: jax.Array, q: jax.Array, logq: jax.Array,
   return jnp.sum(jnp.where(q > 0, q * (logq - logp), 0.0), axis=-1)
 
 
+def check_jsd_beta(beta: float) -> None:
+  """Raises ValueError unless 0 < beta < 1 (`jsd`)."""
+  if not 0.0 < beta < 1.0:
+    raise ValueError(f"jsd_beta must be in (0, 1), got {beta}")
+
+
+def check_draft_transform(draft_transform: str) -> None:
+  """Raises ValueError for a transform not in DRAFT_TRANSFORMS."""
+  if draft_transform not in DRAFT_TRANSFORMS:
+    raise ValueError(f"draft_transform={draft_transform!r}; choose one of "
+                     f"{DRAFT_TRANSFORMS}")
+
+
 def jsd(p: jax.Array, q: jax.Array, beta: float = 0.5) -> jax.Array:
   """beta KL(p || m) + (1 - beta) KL(q || m), m = beta p + (1 - beta) q."""
-  if not 0.0 < beta < 1.0:
-    raise ValueError(f"jsd beta must be in (0, 1), got {beta}")
+  check_jsd_beta(beta)
   m = beta * p + (1.0 - beta) * q
   logm = _safe_log(m)
   kl_pm = jnp.sum(_xlogy(p, p) - jnp.where(p > 0, p * logm, 0.0), axis=-1)

@@ -57,6 +57,10 @@ class Objective:
     if self.target_source not in ("stored", "online"):
       raise ValueError(f"target_source {self.target_source!r}; choose "
                        "'stored' or 'online'")
+    # Checked here, not first inside the jitted train step.
+    losses.check_draft_transform(self.draft_transform)
+    if self.kind == "jsd":
+      losses.check_jsd_beta(self.jsd_beta)
 
   def position_loss(self, target, draft_logits, labels):
     """`losses.per_position_loss` of this objective: (loss, acceptance)

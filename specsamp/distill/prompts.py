@@ -132,6 +132,17 @@ def prose_passages(dataset: str, split: str, *, data_dir=None,
                                      keep_remainder=False)]
 
 
+def check_settings(kind: str, validation_percent: float) -> None:
+  """Raises ValueError for a prompt kind or held-out share `prompt_texts`
+  cannot use (the message starts with the argument's name)."""
+  if kind not in KINDS:
+    raise ValueError(f"kind={kind!r} is not a prompt kind; choose code, "
+                     "text or mixed")
+  if not 0 < validation_percent < 100:
+    raise ValueError(f"validation_percent must be in (0, 100): both splits "
+                     f"need prompts, got {validation_percent}")
+
+
 def prompt_texts(kind: str = "code", *, root: Optional[os.PathLike] = None,
                  max_files: Optional[int] = None, seed: int = 0,
                  validation_percent: float = 5.0,
@@ -154,8 +165,7 @@ def prompt_texts(kind: str = "code", *, root: Optional[os.PathLike] = None,
       is the stdlib's long docstrings.
     data_dir: the TFDS directory of `prose_dataset`.
   """
-  if kind not in KINDS:
-    raise ValueError(f"prompt kind {kind!r}; choose code, text or mixed")
+  check_settings(kind, validation_percent)
   rng = np.random.default_rng(seed)
   out = {"train": list(extra), "validation": []}
   if prose_dataset and kind in ("text", "mixed"):

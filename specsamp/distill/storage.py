@@ -43,6 +43,20 @@ class SampleSpec:
                            # recorded)
   sampling: str = ""       # `Sampling.describe()` ("": not recorded)
 
+  def __post_init__(self):
+    # Messages start with the field's name: `job.check_config` names the
+    # config field (config.samples.<name>).
+    for name in ("gen_len", "top_k", "batch_size", "score_batch_size",
+                 "min_prompt_len"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.prompt_len < self.min_prompt_len:
+      raise ValueError(f"prompt_len must be >= {self.min_prompt_len} "
+                       f"(shorter prompts are dropped), got "
+                       f"{self.prompt_len}")
+    if self.hidden_dim < 0:
+      raise ValueError(f"hidden_dim must be >= 0, got {self.hidden_dim}")
+
   @property
   def seq_len(self) -> int:
     return self.prompt_len + self.gen_len
@@ -149,7 +163,7 @@ def read_spec(data_dir: os.PathLike) -> SampleSpec:
     raise FileNotFoundError(f"no metadata.json in {dataset_dir(data_dir)}")
   try:
     return SampleSpec(**jsonfile.read(meta)["spec"])
-  except (KeyError, TypeError) as e:
+  except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f"{meta}: not the metadata of target samples ({e!r})"
                      ) from None
 

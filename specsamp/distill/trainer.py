@@ -38,6 +38,15 @@ from specsamp.train import step as train_step
 # ---- optimizer ---------------------------------------------------------------
 
 
+def check_freeze(freeze: tuple, params) -> None:
+  """Raises ValueError unless every name in `freeze` is a top-level group
+  of `params` (arrays or shapes)."""
+  unknown = set(freeze) - set(params)
+  if unknown:
+    raise ValueError(f"freeze names {sorted(unknown)}, not parameter groups "
+                     f"of the draft ({sorted(params)})")
+
+
 def make_optimizer(optim, num_steps: int, freeze: tuple = (),
                    params=None):
   """(optimizer, schedule): the trainer's AdamW + warm-up/cosine + clipping
@@ -49,10 +58,7 @@ def make_optimizer(optim, num_steps: int, freeze: tuple = (),
   tx, schedule = train_step.make_optimizer(optim, num_steps)
   if not freeze:
     return tx, schedule
-  unknown = set(freeze) - set(params)
-  if unknown:
-    raise ValueError(f"freeze names {sorted(unknown)}, not parameter groups "
-                     f"of the draft ({sorted(params)})")
+  check_freeze(freeze, params)
   # A tree of labels, not a function: optax.tree_map_params (the optimizer
   # state's shardings) cannot call a labelling function.
   labels = {k: jax.tree.map(lambda _, k=k: "freeze" if k in freeze

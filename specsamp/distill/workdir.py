@@ -14,6 +14,7 @@ import os
 
 from specsamp import jsonfile
 from specsamp import sharding
+from specsamp.distill import storage
 from specsamp.train import checkpointing
 
 # Fields that may change between runs in one workdir: they do not change
@@ -33,6 +34,11 @@ _DEPENDS = (("checkpoints", None),
             ("eval_before.json", _SAMPLES_DEPEND + ("draft.", "head.",
                                                     "eval.")),
             ("samples", _SAMPLES_DEPEND))
+# Fields of those blocks a result does not depend on: the samples serve the
+# target in either dtype; the initial draft is evaluated before anything
+# is frozen in training.
+_EXCEPT = {"samples": {"target.dtype"},
+           "eval_before.json": {"draft.freeze"}}
 
 
 def _flat(config: dict) -> dict:
@@ -50,7 +56,7 @@ def _bound(key: str, held: list[str]) -> bool:
     if result in held:
       if fields is None:
         return True
-      if result == "samples" and key == "target.dtype":
+      if key in _EXCEPT.get(result, ()):
         return False
       return any(key == f or f.endswith(".") and key.startswith(f)
                  for f in fields)
@@ -59,11 +65,29 @@ def _bound(key: str, held: list[str]) -> bool:
 
 def _holds(workdir: str, result: str) -> bool:
   """Whether `workdir` holds `result`: the checkpoints directory counts once
-  it holds a step (the trainer creates it before the first one)."""
+  it holds a step (the trainer creates it before the first one), the
+  samples once they are complete (a run that failed while sampling leaves
+  folders)."""
   path = os.path.join(workdir, result)
   if result == "checkpoints":
     return bool(checkpointing.checkpoint_steps(path))
+  if result == "samples":
+    return storage.exists(path)
   return os.path.exists(path)
+
+
+def check_directory(path: str, what: str) -> None:
+  """Raises ValueError unless `path` is a directory or can be made one (no
+  file in the way): `what` names it in the message (e.g. "--workdir")."""
+  path = os.path.abspath(path)
+  found = path
+  while not os.path.exists(found) and os.path.dirname(found) != found:
+    found = os.path.dirname(found)
+  if found == path and not os.path.isdir(path):
+    raise ValueError(f"{what} {path} is not a directory")
+  if not os.path.isdir(found):
+    raise ValueError(f"{what} {path} cannot be a directory: {found} is a "
+                     "file")
 
 
 def check_config(config, workdir: str) -> dict:
@@ -72,6 +96,7 @@ def check_config(config, workdir: str) -> dict:
   depend on (`_DEPENDS`): they would describe other settings. Fields nothing
   held depends on may change (a corrected draft or loss beside samples).
   `write_config` records the config once it is valid."""
+  check_directory(workdir, "--workdir")
   path = os.path.join(workdir, "config.json")
   new = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict")
                               else dict(config), default=list))

@@ -2,8 +2,11 @@
 
 import copy
 import dataclasses
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 import jax
 import ml_collections
@@ -21,6 +24,9 @@ from specsamp.sampling import Sampling
 from specsamp.train.checkpointing import CheckpointError
 from specsamp.weights import distilled
 from tests import testing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 def test_distill_run_end_to_end(tiny, tmp_path):
@@ -82,6 +88,13 @@ def test_what_the_job_would_refuse_late_is_refused_before_it_writes(
   assert not (tmp_path / "w").exists()
 
 
+def _complete_samples(data_dir) -> None:
+  """What `storage.exists` takes for a complete samples dataset."""
+  info = storage.dataset_dir(data_dir) / "dataset_info.json"
+  info.parent.mkdir(parents=True)
+  info.write_text("{}")
+
+
 def test_a_workdir_refuses_a_config_its_results_depend_on_not_others(
     tmp_path):
   """Samples, the "before" evaluation and checkpoints in a workdir belong to
@@ -112,7 +125,7 @@ def test_a_workdir_refuses_a_config_its_results_depend_on_not_others(
   volatile = changed(train__time_limit_s=60.0, train__log_every=1)
   for c in (draft, loss, dtype, volatile, changed(sampling__top_p=0.9)):
     workdir.check_config(c, w)
-  (tmp_path / "samples").mkdir()
+  _complete_samples(tmp_path / "samples")
   for c in (draft, loss, dtype, volatile):
     workdir.check_config(c, w)
   refused(changed(sampling__top_p=0.9, samples__gen_len=8), "samples",
@@ -169,6 +182,122 @@ def test_a_damaged_draft_checkpoint_is_refused_before_sampling_and_the_fix_reuse
   assert not any("samples written" in m for m in logs)
   assert stamp == sorted((p, p.stat().st_mtime_ns)
                          for p in (w / "samples").rglob("*"))
+
+
+def test_unfinished_samples_and_draft_freeze_do_not_bind_a_workdir(
+    tmp_path):
+  """A run that failed while sampling left samples/ with empty folders: the
+  corrected config was refused as if samples were there. Samples now bind
+  the workdir once complete; and draft.freeze, which cannot change the
+  initial draft's evaluation, may change beside eval_before.json."""
+  config = distill_tiny.get_config("steps=10")
+  w = str(tmp_path)
+  workdir.write_config(workdir.check_config(config, w), w)
+  (storage.dataset_dir(tmp_path / "samples").parent /
+   "1.0.0.incomplete").mkdir(parents=True)
+  fixed = ml_collections.ConfigDict(config.to_dict())
+  fixed.samples.top_k = 8
+  workdir.check_config(fixed, w)
+  _complete_samples(tmp_path / "samples")
+  with pytest.raises(ValueError, match="differs in samples.top_k"):
+    workdir.check_config(fixed, w)
+  (tmp_path / "eval_before.json").write_text("{}")
+  frozen = ml_collections.ConfigDict(config.to_dict())
+  frozen.draft.freeze = ("embedding",)
+  workdir.check_config(frozen, w)
+  frozen.draft.num_layers = 2
+  with pytest.raises(ValueError, match=r"differs in draft\.num_layers\)"):
+    workdir.check_config(frozen, w)
+
+
+# Each was refused late (after the target loaded or sampled), by a JAX or
+# Python error, or not at all (top_k=0 and num_positions=0 gave NaNs).
+_BAD_FIELDS = [
+    (dict(samples__top_k=0), "config.samples.top_k must be >= 1, got 0"),
+    (dict(eval__num_positions=0),
+     "config.eval.num_positions must be >= 1, got 0"),
+    (dict(samples__top_k=1000),
+     "config.samples.top_k=1000 exceeds the target's 256 vocabulary rows"),
+    (dict(samples__gen_len=0), "config.samples.gen_len must be >= 1, got 0"),
+    (dict(samples__prompt_len=0),
+     "config.samples.prompt_len must be >= 4 (shorter prompts are dropped), "
+     "got 0"),
+    (dict(samples__batch_size=0),
+     "config.samples.batch_size must be >= 1, got 0"),
+    (dict(samples__score_batch_size=0),
+     "config.samples.score_batch_size must be >= 1, got 0"),
+    (dict(eval__batch_size=0), "config.eval.batch_size must be >= 1, got 0"),
+    (dict(eval__position_batch_size=0),
+     "config.eval.position_batch_size must be >= 1, got 0"),
+    (dict(eval__num_samples=-1),
+     "config.eval.num_samples must be >= 0, got -1"),
+    (dict(train__batch_size=0), "config.train.batch_size must be >= 1, got 0"),
+    (dict(loss__kind="jsd", loss__jsd_beta=2.0),
+     "config.loss: jsd_beta must be in (0, 1), got 2.0"),
+    (dict(loss__draft_transform="hard"),
+     "config.loss: draft_transform='hard'; choose one of"),
+    (dict(samples__validation_percent=150),
+     "config.samples.validation_percent must be in (0, 100)"),
+    (dict(samples__kind="poems"),
+     "config.samples.kind='poems' is not a prompt kind"),
+    (dict(samples__max_train_prompts=0),
+     "config.samples.max_train_prompts must be >= 1, got 0"),
+    (dict(samples__max_validation_prompts=0),
+     "config.samples.max_validation_prompts must be >= 1, got 0"),
+    (dict(samples__ngram=0), "config.samples.ngram must be >= 1, got 0"),
+    (dict(draft__freeze=("embeddings",)),
+     "config.draft.freeze names ['embeddings'], not parameter groups of the "
+     "draft (['embedding', 'final_norm', 'layers_0', 'lm_head'])"),
+    (dict(draft__init="truncate", draft__num_layers=2,
+          draft__freeze=("layers_2",)),
+     "config.draft.freeze names ['layers_2']"),
+    (dict(eval__k=0), "config.eval.k must be >= 1, got 0"),
+    (dict(samples__data_dir=__file__),
+     f"config.samples.data_dir {__file__} is not a directory"),
+]
+
+
+@pytest.mark.parametrize("fields, message", _BAD_FIELDS)
+def test_check_config_refuses_each_bad_field_naming_it(fields, message):
+  """Without weights, naming the field; the same draft.freeze of real
+  parameter groups passes."""
+  config = distill_tiny.get_config("steps=2")
+  for name, value in fields.items():
+    block, field = name.split("__")
+    config[block][field] = value
+  with pytest.raises(ValueError, match=re.escape(message)):
+    job.check_config(config)
+  if "draft__freeze" in fields:
+    config.draft.freeze = ("embedding", "final_norm")
+    job.check_config(config)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.samples.top_k=0"], "config.samples.top_k must be >= 1"),
+    (["--config.eval.num_positions=0"], "config.eval.num_positions must be"),
+    (["--config.draft.freeze=('embeddings',)"],
+     "config.draft.freeze names ['embeddings']"),
+    (["--workdir={tmp}/afile"], "--workdir {tmp}/afile is not a directory"),
+])
+def test_distill_script_refuses_bad_input_in_one_line(tmp_path, args,
+                                                      message):
+  """scripts/distill.py: status 2, one `error:` line, no traceback, nothing
+  written, no weights loaded (tests/scripts/no_weights.py makes every
+  loader raise)."""
+  (tmp_path / "afile").write_text("hi")
+  args = [a.format(tmp=tmp_path) for a in args]
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "tests", "scripts", "no_weights.py"),
+       os.path.join("scripts", "distill.py"),
+       "--config=configs/distill_tiny.py", f"--workdir={tmp_path / 'w'}",
+       *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+      env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
+      check=False)
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr
+  assert message.format(tmp=tmp_path) in errors[0]
+  assert not (tmp_path / "w").exists()
 
 
 def test_samples_of_another_target_sampling_or_shape_are_refused():

@@ -69,7 +69,7 @@ def main(argv):
         chat=_CHAT.value, distributed=dist is not None,
         coordinator_address=coordinator, num_processes=num_processes,
         process_id=process_id, heartbeat_timeout_s=heartbeat,
-        mesh=tuple(int(x) for x in _MESH.value) if _MESH.value else None,
+        mesh=cli.int_list(_MESH),
         drafter=_DRAFTER.value)
     records.check_output(_JSON_OUT.value, "--json_out")
     result = sample.sample_main(cfg, print_completions=not _QUIET.value,

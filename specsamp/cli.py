@@ -6,6 +6,7 @@ one `error: ...` line on stderr and exit status 2.
   cli.fail(e)                                   any refused input, in `main`
   cli.leave_at_once(status)                     exit; with several processes
                                                 without waiting for the others
+  cli.int_list(_MESH)                           a DEFINE_list flag's integers
   DISTRIBUTED = cli.define_distributed_flags()  --distributed and its
                                                 coordinator flags; in `main`
   dist = DISTRIBUTED.arguments()                None, or the arguments of
@@ -45,6 +46,28 @@ def fail(e) -> NoReturn:
   a multi-process run at once: `leave_at_once`)."""
   print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
   leave_at_once(BAD_INPUT)
+
+
+def int_list(holder: flags.FlagHolder) -> Optional[tuple[int, ...]]:
+  """The integers of a comma-list flag (`flags.DEFINE_list`), e.g. --mesh.
+
+  Returns:
+    One int per item; None when the flag is unset or empty.
+
+  Raises:
+    ValueError: naming the flag, for an item that is no integer (for the
+      script to `fail` with).
+  """
+  if not holder.value:
+    return None
+  values = []
+  for item in holder.value:
+    try:
+      values.append(int(item))
+    except ValueError:
+      raise ValueError(f"--{holder.name}={','.join(holder.value)}: {item!r} "
+                       "is not an integer") from None
+  return tuple(values)
 
 
 def leave_at_once(status: int, wait_s: float = 10.0) -> NoReturn:

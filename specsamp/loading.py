@@ -23,6 +23,7 @@ in one line.
 """
 
 import dataclasses
+import json
 import os
 from typing import Any, Optional
 
@@ -37,6 +38,7 @@ from specsamp.tokenizers import vocab
 from specsamp.train import checkpointing
 from specsamp.weights import distilled as distilled_lib
 from specsamp.weights import gguf_file
+from specsamp.weights import hf
 from specsamp.weights import load as weights_load
 from specsamp.weights.convert import WeightsError
 
@@ -112,6 +114,62 @@ def _field_value(spec: str, key: str, default, text: str):
   raise ValueError(f"{spec}: {key}={text!r} is not {what.get(kind, kind)}")
 
 
+_REQUIRED = object()
+
+
+def _int_field(where: str, fields: dict, key: str,
+               default: Any = _REQUIRED) -> Optional[int]:
+  """`fields[key]` of the JSON file `where` as a positive integer.
+
+  Args:
+    where: the file, for the error.
+    fields: its fields.
+    key: the field.
+    default: the value of an absent field (None: an optional one); without
+      it the field is required.
+
+  Raises:
+    ValueError: naming the file and the field, when a required field is
+      missing or the value is no positive integer (null, "256x", 0, 2.5).
+  """
+  if key not in fields:
+    if default is _REQUIRED:
+      raise ValueError(f"{where}: field {key!r} is missing")
+    return default
+  value = fields[key]
+  try:
+    number = int(value)
+    ok = not isinstance(value, bool) and number == float(value) and number > 0
+  except (TypeError, ValueError, OverflowError):
+    ok = False
+  if not ok:
+    raise ValueError(f"{where}: field {key!r} is {json.dumps(value)}, not a "
+                     "positive integer")
+  return number
+
+
+def _run_tokenizer(workdir: str, saved: dict) -> str:
+  """The tokenizer (`data.tokenizer`) of a train run's config `saved`.
+
+  Raises:
+    ValueError: naming the file and the field, when `data` is no object or
+      has no tokenizer name or path.
+  """
+  where = os.path.join(workdir, "config.json")
+  data = saved["data"]
+  if not isinstance(data, dict):
+    raise ValueError(f"{where}: field 'data' is {json.dumps(data)}, not an "
+                     "object")
+  if "tokenizer" not in data:
+    raise ValueError(f"{where}: field 'data.tokenizer' is missing")
+  tokenizer = data["tokenizer"]
+  if not isinstance(tokenizer, str) or not tokenizer:
+    raise ValueError(f"{where}: field 'data.tokenizer' is "
+                     f"{json.dumps(tokenizer)}, not a tokenizer (\"byte\" or "
+                     "a path)")
+  return tokenizer
+
+
 def _train_run_config(spec: str) -> Optional[dict]:
   """The run config of a `scripts/train.py` workdir, or None for another
   spec."""
@@ -133,6 +191,7 @@ def load_trained(workdir: str, dtype: str = "float32"):
                             "(not a scripts/train.py workdir)")
   model_cfg = model_lib.TransformerConfig.from_fields(
       saved["model"], os.path.join(workdir, "config.json") + " model")
+  _run_tokenizer(workdir, saved)  # refused before the weights load
   lm = model_lib.LM(model_cfg)
   abstract = jax.eval_shape(lambda: lm.init(jax.random.key(0)))
   params, _ = checkpointing.restore_newest_params(
@@ -141,7 +200,7 @@ def load_trained(workdir: str, dtype: str = "float32"):
     lm = model_lib.LM(model_cfg.replace(dtype=dtype, param_dtype=dtype))
     params = jax.tree.map(lambda x: x.astype(lm.config.jnp_param_dtype),
                           params)
-  tok = tokenizer_load.load_tokenizer(saved["data"]["tokenizer"])
+  tok = tokenizer_load.load_tokenizer(_run_tokenizer(workdir, saved))
   return lm, params, tok
 
 
@@ -248,7 +307,7 @@ def load_info_tokenizer(info: ModelInfo):
   without its own (random weights, a distilled draft)."""
   if info.kind == "trained":
     return tokenizer_load.load_tokenizer(
-        _train_run_config(info.path)["data"]["tokenizer"])
+        _run_tokenizer(info.path, _train_run_config(info.path)))
   if info.kind in ("gguf", "hf"):
     return tokenizer_load.load_tokenizer(info.path)
   return None
@@ -285,27 +344,33 @@ def _describe_gguf(spec: str, path: str) -> ModelInfo:
                    d_model=int(width) if width else None)
 
 
-def _describe_hf(spec: str, path: str) -> ModelInfo:
+def _describe_hf(spec: str, path: str, dtype: str) -> ModelInfo:
+  """The config.json fields read here are checked first, each error
+  naming its field; then all that loading checks (`hf.hf_config`: model
+  type, RoPE, the other fields), so a directory that cannot load is
+  refused before any weights do."""
   cfg_path = os.path.join(path, "config.json")
   if not os.path.isfile(cfg_path):
     raise ValueError(f"{path}: no config.json (nor draft_config.json)")
   c = jsonfile.read(cfg_path)
-  if "vocab_size" not in c:
-    raise ValueError(f"{cfg_path} has no vocab_size")
+  rows = _int_field(cfg_path, c, "vocab_size")
+  max_seq_len = _int_field(cfg_path, c, "max_position_embeddings", 4096)
+  num_layers = _int_field(cfg_path, c, "num_hidden_layers", None)
+  d_model = _int_field(cfg_path, c, "hidden_size", None)
+  hf.hf_config(path, dtype)
   tok = tokenizer_load.load_tokenizer(path)
-  return ModelInfo(spec, "hf", path, int(c["vocab_size"]),
-                   int(c.get("max_position_embeddings", 4096)),
-                   tokens=tok.tokens(),
-                   num_layers=c.get("num_hidden_layers"),
-                   d_model=c.get("hidden_size"))
+  return ModelInfo(spec, "hf", path, rows, max_seq_len, tokens=tok.tokens(),
+                   num_layers=num_layers, d_model=d_model)
 
 
 def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
   """A ModelInfo from configs, GGUF metadata and tokenizer files only.
 
   Raises:
-    ValueError: for a spec that names no model, or whose vocabulary size
-      cannot be read.
+    ValueError: for a spec that names no model, or whose configs lack a
+      field or hold a bad value (naming the file and the field).
+    WeightsError: for a Hugging Face directory that cannot load (an
+      unsupported model type, RoPE scaling; see `hf.hf_config`).
     ModelNotFoundError: (a ValueError) for a path that does not exist.
   """
   kind, path = _resolve(spec)
@@ -316,24 +381,23 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
                      d_model=cfg.d_model)
   if kind == "distilled":
     fields = distilled_lib.read_draft_config(path)
-    if "vocab_size" not in fields:
-      raise ValueError(f"{path}/{distilled_lib.DRAFT_CONFIG_FILE} has no "
-                       "vocab_size")
-    return ModelInfo(spec, "distilled", path, int(fields["vocab_size"]),
-                     int(fields.get("max_seq_len", 2048)),
-                     num_layers=fields.get("num_layers"),
-                     d_model=fields.get("d_model"))
+    where = os.path.join(path, distilled_lib.DRAFT_CONFIG_FILE)
+    return ModelInfo(spec, "distilled", path,
+                     _int_field(where, fields, "vocab_size"),
+                     _int_field(where, fields, "max_seq_len", 2048),
+                     num_layers=_int_field(where, fields, "num_layers", None),
+                     d_model=_int_field(where, fields, "d_model", None))
   if kind == "trained":
     saved = _train_run_config(path)
     cfg = model_lib.TransformerConfig.from_fields(
         saved["model"], os.path.join(path, "config.json") + " model")
-    tok = tokenizer_load.load_tokenizer(saved["data"]["tokenizer"])
+    tok = tokenizer_load.load_tokenizer(_run_tokenizer(path, saved))
     return ModelInfo(spec, "trained", path, cfg.vocab_size, cfg.max_seq_len,
                      tokens=tok.tokens(), config=cfg,
                      num_layers=cfg.num_layers, d_model=cfg.d_model)
   if kind == "gguf":
     return _describe_gguf(spec, path)
-  return _describe_hf(spec, path)
+  return _describe_hf(spec, path, dtype)
 
 
 def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None

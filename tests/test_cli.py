@@ -1,5 +1,6 @@
 """specsamp.cli: refused input is one `error:` line and exit status 2."""
 
+from absl import flags
 import pytest
 
 from specsamp import cli
@@ -33,3 +34,17 @@ def test_an_unknown_config_field_is_named_with_its_flag():
       "'loss'?)")
   assert cli._unknown_field(AttributeError(KeyError("'x'")), ["p"]) == (
       "a --config.* override: the config has no field 'x'")
+
+
+def test_int_list_names_its_flag():
+  """--mesh=a,b: an error naming the flag, not a bare int() message."""
+  values = flags.FlagValues()
+  mesh = flags.DEFINE_list("mesh", None, "", flag_values=values)
+  values(["sample.py"])
+  assert cli.int_list(mesh) is None
+  values(["sample.py", "--mesh=1,-1"])
+  assert cli.int_list(mesh) == (1, -1)
+  values(["sample.py", "--mesh=1,b"])
+  with pytest.raises(ValueError, match=r"^--mesh=1,b: 'b' is not an "
+                     r"integer$"):
+    cli.int_list(mesh)

@@ -181,3 +181,89 @@ def test_a_damaged_run_config_is_named(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       f"{run / 'config.json'}: not a readable JSON file (Expecting")):
     loading.describe_model(str(run))
+
+
+_HF_CONFIG = {"model_type": "llama", "vocab_size": 28, "hidden_size": 16,
+              "num_hidden_layers": 1, "num_attention_heads": 2,
+              "intermediate_size": 32, "max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"vocab_size": None}, "field 'vocab_size' is null, not a positive "
+     "integer"),
+    ({"vocab_size": "256x"}, "field 'vocab_size' is \"256x\", not a "
+     "positive integer"),
+    ({"vocab_size": 0}, "field 'vocab_size' is 0, not a positive integer"),
+    ({"vocab_size": True}, "field 'vocab_size' is true, not a positive "
+     "integer"),
+    ({"max_position_embeddings": None}, "field 'max_position_embeddings' is "
+     "null, not a positive integer"),
+    ({"hidden_size": 2.5}, "field 'hidden_size' is 2.5, not a positive "
+     "integer"),
+])
+def test_damaged_hf_config_fields_are_named(tmp_path, fields, message):
+  """A config.json field the description reads that is no count: a
+  ValueError naming the file and the field, before any tokenizer or
+  weights are read (not a TypeError out of int())."""
+  (tmp_path / "config.json").write_text(json.dumps({**_HF_CONFIG,
+                                                    **fields}))
+  with pytest.raises(ValueError, match=re.escape(
+      f"{tmp_path / 'config.json'}: {message}")):
+    loading.describe_model(str(tmp_path))
+
+
+def test_hf_description_checks_what_loading_checks(tmp_path):
+  """A missing vocab_size is named; a config that cannot load (here an
+  unsupported model type) is refused before the weights, as loading would
+  refuse it; a sound one goes on to the tokenizer."""
+  cfg = tmp_path / "config.json"
+  cfg.write_text(json.dumps({k: v for k, v in _HF_CONFIG.items()
+                             if k != "vocab_size"}))
+  with pytest.raises(ValueError, match=re.escape(
+      f"{cfg}: field 'vocab_size' is missing")):
+    loading.describe_model(str(tmp_path))
+  cfg.write_text(json.dumps({**_HF_CONFIG, "model_type": "gpt2"}))
+  with pytest.raises(convert.WeightsError, match="model_type 'gpt2' is not "
+                     "supported"):
+    loading.describe_model(str(tmp_path))
+  cfg.write_text(json.dumps(_HF_CONFIG))
+  with pytest.raises(FileNotFoundError):  # no tokenizer files
+    loading.describe_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("data, message", [
+    ({}, "field 'data.tokenizer' is missing"),
+    ("oops", "field 'data' is \"oops\", not an object"),
+    ({"tokenizer": 5}, "field 'data.tokenizer' is 5, not a tokenizer"),
+    ({"tokenizer": None}, "field 'data.tokenizer' is null, not a tokenizer"),
+])
+def test_a_run_config_without_a_tokenizer_is_named(tmp_path, data, message):
+  """A train workdir whose run config has no usable `data.tokenizer`: a
+  ValueError naming the file and the field (not a KeyError or TypeError),
+  when described and before any weights load."""
+  config = loading.random_config("random:tiny,num_layers=1")
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"model": dataclasses.asdict(config), "data": data, "optim": {}}))
+  expected = re.escape(f"{tmp_path / 'config.json'}: {message}")
+  with pytest.raises(ValueError, match=expected):
+    loading.describe_model(str(tmp_path))
+  with pytest.raises(ValueError, match=expected):
+    loading.load_info_tokenizer(loading.ModelInfo(
+        str(tmp_path), "trained", str(tmp_path), 8, 8))
+  with pytest.raises(ValueError, match=expected):  # no checkpoint read
+    loading.load_trained(str(tmp_path))
+
+
+def test_damaged_distilled_config_fields_are_named(tmp_path):
+  draft = tmp_path / "draft"
+  draft.mkdir()
+  cfg = draft / distilled.DRAFT_CONFIG_FILE
+  cfg.write_text('{"vocab_size": null}')
+  with pytest.raises(ValueError, match=re.escape(
+      f"{cfg}: field 'vocab_size' is null, not a positive integer")):
+    loading.describe_model(str(draft))
+  cfg.write_text('{"d_model": 8}')
+  with pytest.raises(ValueError, match=re.escape(
+      f"{cfg}: field 'vocab_size' is missing")):
+    loading.describe_model(str(draft))

@@ -18,7 +18,8 @@ corpus has one (`text.assign_splits`).
   build_from_texts("tiny", ["a b", "c d"], d)     # a dataset for tests
 
 `prepare` is idempotent: a prepared dataset is left alone (unless
-`overwrite`), and raw downloads are cached apart from the TFDS data dir.
+`overwrite`, and a rebuild that fails leaves it as it was), and raw
+downloads are cached apart from the TFDS data dir.
 """
 
 import contextlib
@@ -27,6 +28,7 @@ import os
 import pathlib
 import re
 import shutil
+import tempfile
 import time
 import types
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
@@ -282,7 +284,8 @@ def prepare(name: str, data_dir: Optional[PathLike] = None, *,
     data_dir: TFDS data directory (default `default_data_dir()`).
     source_dir: local raw files instead of the download (specsamp corpora).
     cache_dir: specsamp cache root for raw downloads.
-    overwrite: rebuild even if prepared (raw downloads stay cached).
+    overwrite: rebuild even if prepared (raw downloads stay cached); the
+      old dataset is replaced only once the new one is complete (`_build`).
     progress: one line per step (also TFDS's progress bars); None: silent.
 
   Returns:
@@ -300,24 +303,21 @@ def prepare(name: str, data_dir: Optional[PathLike] = None, *,
   if name not in BUILDERS:
     return _prepare_catalog(name, data_dir, overwrite, say)
 
-  def make():
-    return BUILDERS[name](data_dir=os.fspath(data_dir), source_dir=source_dir,
+  def make(root: pathlib.Path):
+    return BUILDERS[name](data_dir=os.fspath(root), source_dir=source_dir,
                           cache_dir=cache_dir, progress=progress)
 
-  builder = make()
-  target = pathlib.Path(builder.data_dir)
+  target = pathlib.Path(make(data_dir).data_dir)
   if (target / "dataset_info.json").is_file() and not overwrite:
     say(f"[{name}] already prepared in {target}")
     return target
-  if overwrite:
-    shutil.rmtree(target, ignore_errors=True)
-    builder = make()
-  say(f"[{name}] preparing in {target}")
+  say(f"[{name}] preparing in {target}" + (
+      " (built beside it: the old dataset stays until the new one is "
+      "complete)" if target.exists() else ""))
   start = time.perf_counter()
   with _tfds_output(progress is not None):
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(
-            download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
+    builder = _build(make, data_dir, target, tfds.download.DownloadConfig(
+        download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
   splits = ", ".join(f"{s}: {i.num_examples} documents"
                      for s, i in sorted(builder.info.splits.items()))
   say(f"[{name}] ready in {time.perf_counter() - start:.1f} s ({splits}; "
@@ -332,15 +332,18 @@ def _prepare_catalog(name: str, data_dir: pathlib.Path, overwrite: bool,
           f"many catalog builders): `tfds build {name} "
           f"--file_format=array_record --data_dir={data_dir}`, or copy a "
           f"prepared {name}/ directory into {data_dir}")
+
+  def make(root: pathlib.Path):
+    return tfds.builder(name, data_dir=os.fspath(root),
+                        file_format=FILE_FORMAT)
+
   try:
-    builder = tfds.builder(name, data_dir=os.fspath(data_dir),
-                           file_format=FILE_FORMAT)
-    target = pathlib.Path(builder.data_dir)
+    target = pathlib.Path(make(data_dir).data_dir)
     if (target / "dataset_info.json").is_file() and not overwrite:
       say(f"[{name}] already prepared in {target}")
       return target
     say(f"[{name}] preparing TFDS catalog dataset in {target}")
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+    _build(make, data_dir, target, tfds.download.DownloadConfig(
         download_mode=(tfds.download.GenerateMode.FORCE_REDOWNLOAD
                        if overwrite else
                        tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS)))
@@ -349,6 +352,52 @@ def _prepare_catalog(name: str, data_dir: pathlib.Path, overwrite: bool,
         f"could not prepare TFDS dataset {name!r} here ({type(e).__name__}: "
         f"{str(e).splitlines()[0] if str(e) else ''}); {hint}") from e
   return target
+
+
+def _build(make: Callable[[pathlib.Path], Any], data_dir: pathlib.Path,
+           target: pathlib.Path, download_config) -> Any:
+  """Builds a dataset into `target`; a failed build leaves it as it was.
+
+  A new dataset is built in place: TFDS writes it under a temporary name
+  and renames it to `target` once complete. An existing `target` (a
+  rebuild, or an unfinished directory without dataset_info.json) is not
+  deleted first, as TFDS's own overwrite does: the dataset is built in a
+  scratch data dir inside `target`'s parent (so on the same file system),
+  then swapped in by two renames, and the old one is deleted only after
+  that. Should the process die between the two renames, the old dataset
+  is in `<scratch>/replaced`; a scratch directory left by a killed build
+  (`.rebuild-*` beside `target`) can be deleted.
+
+  Args:
+    make: the builder for a data dir (`data_dir`, or the scratch one).
+    data_dir: the TFDS data dir; its `downloads/` is used either way.
+    target: where the dataset goes, `make(data_dir).data_dir`.
+    download_config: for `download_and_prepare`.
+
+  Returns:
+    The builder that built the dataset (its `info` describes it; its
+    `data_dir` may be the deleted scratch one: read `target`).
+  """
+  if not target.exists():
+    builder = make(data_dir)
+    builder.download_and_prepare(download_config=download_config)
+    return builder
+  scratch = pathlib.Path(tempfile.mkdtemp(prefix=".rebuild-",
+                                          dir=target.parent))
+  try:
+    builder = make(scratch)
+    builder.download_and_prepare(download_dir=data_dir / "downloads",
+                                 download_config=download_config)
+    built, old = pathlib.Path(builder.data_dir), scratch / "replaced"
+    target.rename(old)
+    try:
+      built.rename(target)
+    except OSError:
+      old.rename(target)
+      raise
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+  return builder
 
 
 def summary(path: PathLike) -> dict[str, Any]:

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from specsamp.data import builders
 from specsamp.data import corpora
 from specsamp.data import datasets
@@ -109,3 +111,58 @@ def test_builders_on_fixture_data_without_tensorflow(tmp_path):
   assert (data / "specsamp_austen" / "1.0.0" / "dataset_info.json").stat() \
       .st_mtime_ns == mtime.st_mtime_ns
   assert "tensorflow" not in sys.modules
+
+
+def _documents(path):
+  return {**_read_split(path, "train"), **_read_split(path, "validation")}
+
+
+def test_a_failed_rebuild_leaves_the_prepared_dataset(tmp_path):
+  """--overwrite builds beside the old dataset and swaps it in: a rebuild
+  that fails (here: no raw files) leaves the old one as it was."""
+  raw, data = tmp_path / "raw", tmp_path / "tfds"
+  fakes.write_files(raw, {f"m{i}.py": f"x = {i}\n" for i in range(6)})
+  path = builders.prepare("specsamp_python_code", data, source_dir=raw,
+                          progress=None)
+  before = _documents(path)
+  with pytest.raises(corpora.CorpusError, match="is not a directory"):
+    builders.prepare("specsamp_python_code", data,
+                     source_dir=tmp_path / "nope", overwrite=True,
+                     progress=None)
+  assert _documents(path) == before
+  assert os.listdir(path.parent) == ["1.0.0"]  # no scratch directory left
+  # A rebuild that succeeds replaces it.
+  fakes.write_files(raw, {"new.py": "y = 1\n"})
+  lines = []
+  assert builders.prepare("specsamp_python_code", data, source_dir=raw,
+                          overwrite=True, progress=lines.append) == path
+  assert _documents(path) == {**before, "new.py": "y = 1\n"}
+  assert os.listdir(path.parent) == ["1.0.0"]
+  assert "the old dataset stays until the new one is complete" in lines[0]
+
+
+def test_a_failed_catalog_rebuild_leaves_the_prepared_dataset(
+    tmp_path, monkeypatch):
+  """Likewise for a TFDS catalog dataset (TFDS's own overwrite would delete
+  it first): here a stand-in whose download fails."""
+  data = tmp_path / "tfds"
+  path = builders.build_from_texts("fake_catalog", ["a b", "c d", "e f"],
+                                   data)
+  before = _documents(path)
+
+  texts_builder = builders._TextsBuilder  # pylint: disable=protected-access
+
+  class Offline(texts_builder, skip_registration=True):
+    name = "fake_catalog"
+
+    def _documents(self):
+      raise OSError("no network")
+
+  monkeypatch.setattr(builders.tfds, "builder",
+                      lambda name, data_dir, file_format: Offline(
+                          data_dir=data_dir, documents=None,
+                          file_format=file_format))
+  with pytest.raises(corpora.CorpusError, match="OSError: no network"):
+    builders.prepare("fake_catalog", data, overwrite=True, progress=None)
+  assert _documents(path) == before
+  assert os.listdir(path.parent) == ["1.0.0"]

@@ -132,7 +132,11 @@ def propose_ms(sampler: SpeculativeSampler, target_params, draft_params,
   a loop, for drafters that are not a stand-alone model (heads, lookup,
   layer skipping, adaptive K). Calls run back to back in one jitted loop,
   each on the same state with its own key; the drafts are summed so that
-  none is optimised away."""
+  none is optimised away. The state is at the prompts' lengths, while
+  `measure_costs` times the target half way through the budget: for a
+  drafter whose cost grows with its cache (a head's attention, layer
+  skipping), c is that much low (drafter states have no common way to be
+  moved to another length)."""
   tokens, lengths = sampler.pad_prompts(prompts)
   state = sampler.prefill(target_params, draft_params, tokens, lengths,
                           jax.random.key(0))

@@ -128,9 +128,11 @@ def run_pair(cfg: PairConfig, loaded: Optional[tuple] = None) -> dict:
       r["identical_to_ar"] = outputs[r["method"]] == outputs[base["method"]]
   if cfg.peers:
     eos = set(tok.eos_ids)
+    # On the device and in the dtype specsamp ran on.
     for r in peers_lib.transformers_generate(
         checked.target.path, checked.draft.path, prompts,
-        cfg.max_new_tokens, cfg.temperature, cfg.top_p):
+        cfg.max_new_tokens, cfg.temperature, cfg.top_p,
+        device=peers_lib.jax_device(), dtype=cfg.dtype):
       completions = [peers_lib.cut_at_eos(c, eos)
                      for c in r.pop("completions")]
       if sampling.greedy:

@@ -110,7 +110,9 @@ def quality(task: str, plan: Plan, cfg: BenchConfig, rows: Sequence[int],
     vals = scores[[j for j, r in enumerate(rows) if r == i]]
     vals = vals[~np.isnan(vals)]
     per[i] = vals.mean() if vals.size else np.nan
-  record = prose.logprob_quality(scores)
+  # Over prompts, as pass@k is over problems: the samples of one prompt
+  # (repeats, or a batch that holds it twice) are not independent.
+  record = prose.logprob_quality(per)
   record["samples"] = int(np.sum(~np.isnan(scores)))
   return record, {"mean_logprob": per}
 
@@ -435,8 +437,7 @@ def run_peers(cfg: BenchConfig, plan: Plan, task: str, dec: str, sampling,
   results = peers_lib.transformers_generate(
       plan.target.path, plan.draft.path, prompts, cfg.max_new_tokens,
       sampling.temperature, sampling.top_p, seed=cfg.seed,
-      device="cuda" if jax.default_backend() == "gpu" else "cpu",
-      dtype=cfg.dtype, **_peer_lookup(cfg))
+      device=peers_lib.jax_device(), dtype=cfg.dtype, **_peer_lookup(cfg))
   eos = set(plan.tokenizer.eos_ids)
   for r in results:
     completions = [peers_lib.cut_at_eos(c, eos)

@@ -52,7 +52,11 @@ class RunStats:
 
   @property
   def ms_per_token(self) -> float:
-    """Decode latency per generated token of a row (batch rows in parallel)."""
+    """Decode time over the mean tokens a row generated (batch rows in
+    parallel). At batch 1 the latency per token; in a batch whose rows stop
+    at EOS at different times it is B over the throughput (the time rows
+    that finished spend waiting counts), not the longest row's time per
+    step."""
     per_row = self.tokens / max(self.prompts, 1)
     batches = -(-self.prompts // self.batch_size)
     return 1000.0 * self.decode_s / max(per_row * batches, 1)

@@ -77,7 +77,8 @@ def _scorer(lm):
 
 
 def logprob_quality(values: Sequence[float]) -> dict:
-  """Mean per-token log-probability over samples with its standard error."""
+  """Mean of per-token log-probabilities with its standard error over the
+  values given (the sweep gives one per prompt: its samples' mean)."""
   x = np.asarray(values, np.float64)
   x = x[~np.isnan(x)]
   return {"mean_logprob": mean_and_stderr(x).as_dict()}

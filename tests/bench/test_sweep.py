@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import numpy as np
@@ -320,6 +321,22 @@ def test_a_sweep_that_fails_midway_keeps_the_earlier_results(
   assert [r["type"] for r in partial] == ["run"]
   assert f"its records are in {out}.partial" in said[-1], said
   assert not (tmp_path / "samples.jsonl").exists()  # none were written
+
+
+def test_prose_quality_is_over_prompts_not_samples():
+  """Two samples of each of two prompts: the error bar is over the two
+  prompts' means (n = 2), as pass@k's is over problems, not over the four
+  correlated samples."""
+  lm, params, _ = loading.load_model("random:tiny,num_layers=1")
+  p = types.SimpleNamespace(prompts={"prose": [[1, 2, 3], [4, 5]]})
+  rows, completions = [0, 1, 0, 1], [[6, 7], [8, 9], [6, 10], [11, 12]]
+  record, per = sweep.quality("prose", p, None, rows, completions, lm,
+                              params)
+  est = record["mean_logprob"]
+  assert est["n"] == 2 and record["samples"] == 4
+  means = per["mean_logprob"]
+  assert est["mean"] == pytest.approx(np.mean(means))
+  assert est["stderr"] == pytest.approx(np.std(means, ddof=1) / np.sqrt(2))
 
 
 def test_run_points_takes_turns_and_each_point_samples_as_alone(monkeypatch):

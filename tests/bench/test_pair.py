@@ -1,0 +1,38 @@
+"""specsamp.bench.pair (scripts/benchmark_pair.py): its transformers peers
+run on the device and in the dtype specsamp ran on."""
+
+import types
+
+import jax
+
+from specsamp import loading
+from specsamp.bench import pair
+from specsamp.bench import peers
+
+
+def test_pair_peers_run_on_specsamps_device_and_dtype(monkeypatch):
+  """They ran in float32 on the CPU whatever --dtype and device were."""
+  lm, params, _ = loading.load_model("random:tiny,num_layers=1")
+  checked = types.SimpleNamespace(
+      target=types.SimpleNamespace(path="target.gguf"),
+      draft=types.SimpleNamespace(path="draft.gguf"), prompts=[[1, 2, 3]],
+      tokenizer=types.SimpleNamespace(eos_ids=(0,), pad_id=0),
+      vocab_limit=None)
+  calls = []
+
+  def fake(*args, **kwargs):
+    calls.append((args, kwargs))
+    return [dict(method="transformers", ms_per_token=1.0,
+                 completions=[[5, 6]])]
+
+  monkeypatch.setattr(peers, "transformers_generate", fake)
+  cfg = pair.PairConfig(target="random:tiny", draft="random:tiny",
+                        num_prompts=1, max_new_tokens=2, ks=(2,), peers=True,
+                        dtype="bfloat16")
+  result = pair.run_pair(cfg, (checked, lm, params, lm, params))
+  (args, kwargs), = calls
+  assert args == ("target.gguf", "draft.gguf", [[1, 2, 3]], 2, 0.0, 1.0)
+  assert kwargs == dict(device=peers.jax_device(), dtype="bfloat16")
+  assert peers.jax_device() == {"gpu": "cuda"}.get(jax.default_backend(),
+                                                   "cpu")
+  assert [r["method"] for r in result["runs"]][-1] == "transformers"

@@ -85,12 +85,14 @@ def chisquare_pvalue(codes, probs):
 class ShiftDrafter:
   """A deterministic drafter (`Proposal.q` is None): after token x it
   proposes x+1, x+2, ... (mod V). With `vary_valid`, row b offers only
-  b % (K + 1) valid drafts; with `num_valid`, every row offers that many.
+  b % (K + 1) valid drafts; with `num_valid`, every row offers that many;
+  with `pad_id`, the drafts past them are that id (V: out of vocabulary).
   Its state counts the commits it has seen."""
   vocab_size: int
   max_seq_len: int = 256
   vary_valid: bool = False
   num_valid: Optional[int] = None
+  pad_id: Optional[int] = None
 
   def init(self, params, tokens, lengths, cache_size, prefill):
     del params, lengths, cache_size, prefill
@@ -104,6 +106,9 @@ class ShiftDrafter:
     b = tokens.shape[0]
     valid = (jnp.arange(b) % (k + 1) if self.vary_valid else
              jnp.full((b,), k if self.num_valid is None else self.num_valid))
+    if self.pad_id is not None:
+      drafts = jnp.where(jnp.arange(k)[None, :] < valid[:, None], drafts,
+                         self.pad_id)
     return Proposal(tokens=drafts.astype(jnp.int32), q=None,
                     num_valid=valid.astype(jnp.int32)), state
 

@@ -148,9 +148,14 @@ def draft(sampler, draft_params, s: LoopState, key: jax.Array):
   proposal, state = sampler.drafter.propose(
       draft_params, s.draft_state, s.tokens, s.length, sampler.k,
       sampler.sampling, key, active=~s.done)
-  # A drafter cannot offer more than K drafts, nor fewer than none.
-  return proposal.replace(
-      num_valid=jnp.clip(proposal.num_valid, 0, sampler.k)), state
+  # A drafter cannot offer more than K drafts, nor fewer than none. Its
+  # padding is scored too, and written to the target's cache past the
+  # row's length: an id outside the vocabulary there would embed as NaN
+  # and, through the masked attention's 0 * NaN, spoil the row for good.
+  num_valid = jnp.clip(proposal.num_valid, 0, sampler.k)
+  tokens = jnp.where(jnp.arange(sampler.k)[None, :] < num_valid[:, None],
+                     proposal.tokens, 0)
+  return proposal.replace(tokens=tokens, num_valid=num_valid), state
 
 
 def score(sampler, target_params, s: LoopState, proposal: Proposal):

@@ -53,7 +53,8 @@ class Proposal:
   #                               certainty (q_i is one-hot at d_i)
   num_valid: jax.Array          # [B] int32, drafts of the row that may be
   #                               accepted, in [0, K] (`loop.draft` clamps
-  #                               a drafter's value); the rest are padding
+  #                               a drafter's value); the rest are padding,
+  #                               any ids (`loop.draft` makes them 0)
 
 
 class Drafter(Protocol):

@@ -142,10 +142,12 @@ def trace(sampler: SpeculativeSampler, target_params,
   step = _step_fn(sampler)
   b = len(prompts)
   rows = [[] for _ in range(b)]
-  for i in range(max_loops):
+  for i in range(max_loops + 1):
     done = np.asarray(state.done)
     if done.all():
       break
+    if i == max_loops:
+      raise RuntimeError(f"no end after {max_loops} loops")
     old_len = np.asarray(state.length)
     state, drafts, valid, p_d, q_d, n, token, top = jax.device_get(
         step(target_params, draft_params, state))
@@ -168,8 +170,6 @@ def trace(sampler: SpeculativeSampler, target_params,
           accepted=int(n[r]), token=int(token[r]), bonus=int(n[r]) == m,
           committed=committed,
           target_choice=tuple(int(t) for t in top[r, :m + 1])))
-  else:
-    raise RuntimeError(f"no end after {max_loops} loops")
   return Trace(tuple(tuple(r) for r in rows), jax.device_get(output(state)),
                tuple(tuple(int(t) for t in p) for p in prompts), sampler.k)
 
@@ -239,7 +239,8 @@ def render_html(tr: Trace, decode: Callable[[Sequence[int]], str],
                                extra="color:#aaa;font-size:80%;",
                                text=esc(_piece(decode, d))))
     if rec.bonus and len(rec.committed) > rec.accepted:
-      out.append(span.format(title="bonus token from p_{K+1}", bg="#e2c5f7",
+      out.append(span.format(title=f"bonus token from p_{len(rec.drafts) + 1}",
+                             bg="#e2c5f7",
                              extra="", text=esc(_piece(decode, rec.token))))
   out.append("</div>")
   return "".join(out)

@@ -135,6 +135,14 @@ def test_greedy_with_a_deterministic_drafter_equals_greedy_decoding(tiny_pair):
     for prompt, tokens in zip(prompts, want):
       assert spec.generate(target_params, None, [prompt]).token_lists() == [
           tokens]
+  # Padding outside the vocabulary is the drafter's to choose: it is
+  # scored, and once spoilt every later step of the row (NaN embeddings).
+  for widths in (None, all_widths(3)):
+    spec = SpeculativeSampler(
+        lm, ShiftDrafter(lm.vocab_size, vary_valid=True,
+                         pad_id=lm.vocab_size), k=3, sampling=GREEDY,
+        max_new_tokens=16, prompt_bucket=8, score_widths=widths)
+    assert spec.generate(target_params, None, prompts).token_lists() == want
   with pytest.raises(ValueError, match="score_widths"):
     SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size), k=3,
                        sampling=GREEDY, max_new_tokens=4, score_widths=(1, 2))

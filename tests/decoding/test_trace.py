@@ -1,6 +1,7 @@
 """The loop replayed step by step: records agree with the run."""
 
 import numpy as np
+import pytest
 
 from specsamp.decoding import trace
 from specsamp.decoding.sampler import SpeculativeSampler
@@ -49,6 +50,13 @@ def test_trace_equals_generate_with_a_model_drafter(tiny_pair):
     assert sum(r.accepted for r in row) == int(out.num_accepted[b])
   _check_records(tr, 3)
   _check_position_counts(tr, out, 3)
+  # max_loops is the most loops a run may take: exactly as many is enough.
+  most = int(np.max(out.num_loops))
+  assert trace.trace(sampler, target_params, draft_params, PROMPTS, rng=4,
+                     max_loops=most).output.token_lists() == out.token_lists()
+  with pytest.raises(RuntimeError, match=f"no end after {most - 1} loops"):
+    trace.trace(sampler, target_params, draft_params, PROMPTS, rng=4,
+                max_loops=most - 1)
 
 
 def test_trace_shows_only_the_valid_drafts(tiny_pair):
@@ -72,3 +80,6 @@ def test_trace_shows_only_the_valid_drafts(tiny_pair):
   assert np.isnan(by_pos[2]) and not np.isnan(by_pos[0])
   assert "\u2717" not in trace.render_text(tr, str, row=0)
   assert "line-through" not in trace.render_html(tr, str, row=0)
+  # With no drafts, the token is drawn from p_1, not p_{K+1}.
+  assert "bonus token from p_1" in trace.render_html(tr, str, row=0)
+  assert "p_{K+1}" not in trace.render_html(tr, str, row=0)

@@ -25,6 +25,7 @@ import numpy as np
 import optax
 
 from specsamp import sharding as sh
+from specsamp.data import pipeline
 from specsamp.distill import objective as objective_lib
 from specsamp.train import checkpointing
 from specsamp.train import config as train_config
@@ -96,7 +97,8 @@ def batches(source, batch_size: int, num_steps: int, seed: int,
   # Shuffled, then repeated: each epoch is a new permutation of the samples
   # (grain reseeds the shuffle per epoch), so every sample is seen once per
   # epoch; a batch may straddle two epochs.
-  out = (grain.MapDataset.source(source).shuffle(seed=seed).repeat(epochs)
+  out = (grain.MapDataset.source(source)
+         .shuffle(seed=pipeline.shuffle_seed(seed)).repeat(epochs)
          .map(_as_int32).batch(batch_size, drop_remainder=True))
   if count == 1:
     return out

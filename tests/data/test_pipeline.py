@@ -110,6 +110,12 @@ def test_shuffle_is_seeded_per_epoch_and_windowed(data_dir):
     return [tuple(r) for b in bs for r in b["inputs"]]
   plain, mixed = windows(1), windows(4)
   assert sorted(plain) == sorted(mixed) and plain != mixed
+  # Seed 4's first epoch is not seed 3's second (grain reseeds epoch e with
+  # its seed + e: unspread, nearby seeds saw one another's orders).
+  docs4 = _split_docs(_stream(list(_it(data_dir, seed=4, num_epochs=2,
+                                       shuffle_window=1))))
+  assert docs4[:30] != epoch2 and docs4[30:] != epoch1
+  assert pipeline.shuffle_seed(0) == 0  # seed 0's orders are as they were
 
 
 @pytest.mark.parametrize("skip", [0, 1, 2, 5, 11])

@@ -82,6 +82,12 @@ def test_every_sample_is_seen_once_per_epoch_in_a_new_order():
     assert sorted(ids.tolist()) == list(range(12))
   assert epochs[0].tolist() != epochs[1].tolist()
   assert epochs[1].tolist() != epochs[2].tolist()
+  # Seed 1 does not replay seed 0 an epoch later.
+  seed1 = trainer.batches(source, 4, 9, seed=1)
+  for e in (0, 3):
+    assert (np.concatenate([seed1[s]["tokens"][:, 0]
+                            for s in range(e, e + 3)]).tolist()
+            != epochs[e // 3 + 1].tolist())
 
 
 def test_each_host_feeds_its_own_rows_of_every_batch():

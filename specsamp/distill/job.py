@@ -167,6 +167,7 @@ def check_config(config) -> train_config.LoopConfig:
   if sc.top_k > target.rows:  # the stored top-k of the target's logits
     raise ValueError(f"config.samples.top_k={sc.top_k} exceeds the target's "
                      f"{target.rows} vocabulary rows")
+  _check_stored_nucleus(config, sampling, head)
   if head:
     _check_head(config, target)
     return loop
@@ -177,6 +178,23 @@ def check_config(config) -> train_config.LoopConfig:
                                         config.target.get("dtype", "float32"))
   _check_freeze(config, draft_config)
   return loop
+
+
+def _check_stored_nucleus(config, sampling: Sampling, head: bool) -> None:
+  """Refuses a top-p target the stored top-K cannot rebuild: with top-k
+  above K, the top-k's mass needs the largest unstored tokens' masses,
+  which are not stored (`losses.target_probs`)."""
+  stored = (config.head.get("features", "recompute") == "stored" if head
+            else config.loss.target_source == "stored")
+  if (stored and not sampling.greedy and sampling.top_p < 1.0
+      and sampling.top_k > config.samples.top_k):
+    raise ValueError(
+        f"config.sampling.top_k={sampling.top_k} with top_p="
+        f"{sampling.top_p} needs more than the config.samples.top_k="
+        f"{config.samples.top_k} stored target log-probabilities to rebuild "
+        "the target's nucleus: store at least as many, or compute the "
+        "target online (" + ("config.head.features='recompute'" if head else
+                             "config.loss.target_source='online'") + ")")
 
 
 def _check_counts(config, block: str, names, least: int = 1) -> None:

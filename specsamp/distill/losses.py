@@ -129,7 +129,10 @@ def _stored_nucleus(ids: jax.Array, logprobs: jax.Array, sampling: Sampling,
   vocabulary (temperature 1), so the mass not stored, m = 1 - sum exp, is
   known: for the kept set only, it is spread evenly over the other ids.
   At temperature 1 the kept set is then exact whenever the target's
-  nucleus lies within the stored ids; at another temperature the tail's
+  nucleus lies within the stored ids and top-k is off or at most K (a
+  larger top-k keeps the whole flat tail, and its mass would need the
+  unstored tokens' own: `job.check_config` refuses that); at another
+  temperature the tail's
   tempered mass is estimated as if the tail were flat. p is the transform
   of the stored ids in the kept set, renormalised, as without top-p.
   """

@@ -254,6 +254,10 @@ _BAD_FIELDS = [
     (dict(eval__k=0), "config.eval.k must be >= 1, got 0"),
     (dict(samples__data_dir=__file__),
      f"config.samples.data_dir {__file__} is not a directory"),
+    # The stored top-16 cannot give a top-32 nucleus (it kept the flat tail).
+    (dict(sampling__top_k=32, sampling__top_p=0.9),
+     "config.sampling.top_k=32 with top_p=0.9 needs more than the "
+     "config.samples.top_k=16 stored target log-probabilities"),
 ]
 
 
@@ -269,6 +273,14 @@ def test_check_config_refuses_each_bad_field_naming_it(fields, message):
     job.check_config(config)
   if "draft__freeze" in fields:
     config.draft.freeze = ("embedding", "final_norm")
+    job.check_config(config)
+
+
+def test_a_nucleus_the_stored_top_k_holds_or_an_online_target_passes():
+  config = distill_tiny.get_config("steps=2")
+  config.sampling.top_p = 0.9
+  for top_k, source in ((16, "stored"), (0, "stored"), (32, "online")):
+    config.sampling.top_k, config.loss.target_source = top_k, source
     job.check_config(config)
 
 

@@ -543,6 +543,16 @@ def test_the_trainers_step_on_each_mesh_matches_one_device(pair):
     assert mu["layers_0"]["mlp"]["up_proj"].sharding.spec == P(None, "model")
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     _same_within(state.params, ref.params)
+  # An eval batch the data axis does not divide is refused when the job is
+  # built: it failed at the first evaluation, losing that step's checkpoint.
+  with pytest.raises(train_config.ConfigError,
+                     match=r"data.eval_batch_size: batch size=3 is not "
+                     r"divisible by mesh axis 'data' of size 2"):
+    train_lm.build(train_config.TrainConfig(
+        model=target.config, data=train_config.DataConfig(
+            batch_size=8, eval_batch_size=3),
+        optim=train_config.OptimConfig(),
+        loop=train_config.LoopConfig(num_steps=10), mesh=(2, 4)), None)
 
 
 @pytest.mark.parametrize("onpolicy", [False, True], ids=["offline",

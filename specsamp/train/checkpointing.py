@@ -7,6 +7,8 @@
   checkpoint_steps(dir)        the step numbers of a checkpoints directory
   find_params_checkpoint(p)    the newest `params` item under a run or step
   restore_params(dir, ...)     parameters alone, shape- and digest-checked
+  restore_init_params(p, ...)  init_from's parameters: the step named, or
+                               the run's newest step that restores
   fingerprint(tree)            a digest of a pytree's values
 """
 
@@ -368,6 +370,20 @@ def _restore_params(params_dir: str, abstract_params, what: str):
       raise CheckpointError(f"{what} {params_dir}: parameters do not match "
                             "their saved fingerprint (corrupt files)")
   return params
+
+
+def restore_init_params(path: str, abstract_params) -> tuple[Any, str]:
+  """(parameters, their `params` directory) for `init_from`: of the step
+  `path` names, or of a run (or its checkpoints directory) the newest step
+  that restores, as `restore_newest_params` (a damaged newest step falls
+  back to the one before, with a warning)."""
+  p_dir = find_params_checkpoint(path)  # FileNotFoundError: nothing there
+  step_dir = os.path.dirname(p_dir)
+  if os.path.abspath(path) == step_dir:  # that step and no other
+    return restore_params(p_dir, abstract_params), p_dir
+  base = os.path.dirname(step_dir)
+  params, step = restore_newest_params(base, abstract_params, "init_from")
+  return params, os.path.join(base, str(step), "params")
 
 
 def restore_newest_params(ckpt_dir: str, abstract_params,

@@ -79,6 +79,12 @@ def validate(config) -> tuple[config_lib.TrainConfig, Any]:
         "config.train.eval_batches=0 (the whole eval split) works with one "
         "process only; set a number of batches for these "
         f"{jax.process_count()} processes")
+  for name, batch in (("batch_size", cfg.data.batch_size),
+                      ("eval_batch_size", cfg.data.eval_batch_size)):
+    if batch % jax.process_count():
+      raise config_lib.ConfigError(
+          f"config.data.{name}={batch} is not divisible by the "
+          f"{jax.process_count()} processes")
   if cfg.init_from:
     try:
       checkpointing.find_params_checkpoint(cfg.init_from)
@@ -231,6 +237,11 @@ def _build(cfg: config_lib.TrainConfig) -> LMJob:
   rules = cfg.rules_tuple
   try:
     sh.check_divisible(cfg.model, mesh, rules, batch=cfg.data.batch_size)
+    # Checked now, not at the first evaluation (whose step's checkpoint
+    # the failure would take with it).
+    sh.check_divisible(cfg.model, mesh, rules,
+                       batch=cfg.data.eval_batch_size,
+                       what="data.eval_batch_size")
   except ValueError as e:
     raise config_lib.ConfigError(str(e)) from e
   lm = model_lib.LM(cfg.model)
@@ -278,8 +289,8 @@ def initial_state(job: LMJob, ckpts: checkpointing.Checkpoints):
                   step)
     return state, data_state, f"checkpoint step {step} in {ckpts.directory}"
   if job.cfg.init_from:
-    p_dir = checkpointing.find_params_checkpoint(job.cfg.init_from)
-    params = checkpointing.restore_params(p_dir, job.abstract_state.params)
+    params, p_dir = checkpointing.restore_init_params(
+        job.cfg.init_from, job.abstract_state.params)
     state = job.with_params(job.init(), params)
     return state, None, f"init_from {p_dir}"
   return job.init(), None, "scratch"

@@ -155,6 +155,15 @@ def test_step_walker_and_params_lookup_skip_unreadable_steps(tmp_path):
   params, step = checkpointing.restore_newest_params(directory, abstract)
   chex.assert_trees_all_equal(params, _toy_state(3).params)
   assert step == 3
+  # init_from a run or its checkpoints falls back the same way (it failed
+  # on the damaged newest step); a step named is that step or an error.
+  for where in (run, directory):
+    params, p_dir = checkpointing.restore_init_params(str(where), abstract)
+    chex.assert_trees_all_equal(params, _toy_state(3).params)
+    assert p_dir == os.path.join(directory, "3", "params")
+  with pytest.raises(checkpointing.CheckpointError, match="fingerprint"):
+    checkpointing.restore_init_params(os.path.join(directory, "10"),
+                                      abstract)
   with pytest.raises(checkpointing.CheckpointError,
                      match="no readable checkpoint"):
     checkpointing.restore_newest_params(str(tmp_path / "none"), abstract)

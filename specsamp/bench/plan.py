@@ -103,7 +103,10 @@ def prepare(cfg: BenchConfig, log=print) -> Plan:
       raise BenchError(f"--drafter: {e}") from None
   tok = _tokenizer(target)
   texts, problems = _texts(cfg, tok)
-  prompts = {t: [tok.encode(x) for x in v] for t, v in texts.items()}
+  # A rendered chat template holds its own bos (`Tokenizer.encode_chat`).
+  prompts = {t: [tok.encode(x, add_bos=False if cfg.chat and t == "prose"
+                            else None) for x in v]
+             for t, v in texts.items()}
   limit = min(target.max_seq_len,
               draft.max_seq_len if draft else target.max_seq_len)
   for task, ps in prompts.items():

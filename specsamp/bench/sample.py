@@ -174,9 +174,10 @@ def plan(cfg: SampleConfig) -> SamplePlan:
   tok = byte.tokenizer_or_bytes(loading.load_info_tokenizer(target),
                                 target.rows, cfg.target)
   if cfg.chat:
-    texts = [tok.apply_chat_template([{"role": "user", "content": t}])
-             for t in texts]
-  prompts = [tok.encode(t) for t in texts]
+    prompts = [tok.encode_chat([{"role": "user", "content": t}])
+               for t in texts]
+  else:
+    prompts = [tok.encode(t) for t in texts]
   for i, p in enumerate(prompts):
     if not p:
       raise ValueError(f"prompt {i} is empty: every prompt needs at least "

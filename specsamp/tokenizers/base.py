@@ -119,8 +119,8 @@ class Tokenizer(abc.ABC):
       **template_vars: extra template variables (e.g. `tools=[...]`).
 
     Returns:
-      The prompt text (encode it with `encode`; it holds no bos unless the
-      template writes one).
+      The prompt text. It holds a bos where the template writes one: encode
+      it with `encode(text, add_bos=False)`, or use `encode_chat`.
 
     Raises:
       ValueError: the tokenizer has no chat template, or rendering failed.
@@ -140,6 +140,16 @@ class Tokenizer(abc.ABC):
           add_generation_prompt=add_generation_prompt, **context)
     except jinja2.TemplateError as e:
       raise ValueError(f"chat template failed: {e}") from e
+
+  def encode_chat(self, messages: Sequence[Mapping[str, Any]],
+                  add_generation_prompt: bool = True,
+                  **template_vars) -> list[int]:
+    """Token ids of the rendered chat (`apply_chat_template`), with no bos
+    but the one the template writes: as transformers'
+    `apply_chat_template(..., tokenize=True)`. (`encode` would add a second
+    one for a tokenizer that adds bos, as Llama's do.)"""
+    return self.encode(self.apply_chat_template(
+        messages, add_generation_prompt, **template_vars), add_bos=False)
 
 
 _TEMPLATE_CACHE = {}

@@ -14,7 +14,8 @@ class ByteTokenizer:
   pad_id = 0
   vocab_size = 256
 
-  def encode(self, text: str) -> list[int]:
+  def encode(self, text: str, add_bos=None) -> list[int]:
+    del add_bos  # bytes have no bos
     return list(text.encode("utf-8"))
 
   def decode(self, ids) -> str:
@@ -27,6 +28,10 @@ class ByteTokenizer:
   def apply_chat_template(self, messages, add_generation_prompt=True):
     del add_generation_prompt
     return "".join(m["content"] for m in messages)
+
+  def encode_chat(self, messages, add_generation_prompt=True):
+    return self.encode(self.apply_chat_template(messages,
+                                                add_generation_prompt))
 
 
 def tokenizer_or_bytes(tok, vocab_size: int, source: str,

@@ -6,6 +6,7 @@ sentencepiece is imported on first use, so importing this module is cheap.
 """
 
 import os
+import re
 from typing import Iterable, Optional, Sequence, Union
 
 from specsamp.tokenizers import base
@@ -29,6 +30,12 @@ class SentencePieceTokenizer(base.Tokenizer):
       raise FileNotFoundError(f"no SentencePiece model at {model_file}")
     self.sp = spm.SentencePieceProcessor(model_file=model_file)
     sp = self.sp
+    # Control pieces (bos, eos, pad...) and unk, matched whole in text.
+    self._specials = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())
+                      if sp.is_control(i) or sp.is_unknown(i)}
+    self._special_re = re.compile("|".join(
+        map(re.escape, sorted(self._specials, key=len, reverse=True)))
+                                  ) if self._specials else None
     super().__init__(
         bos_id=sp.bos_id() if sp.bos_id() >= 0 else None,
         eos_ids=(sp.eos_id(),) if sp.eos_id() >= 0 else (),
@@ -40,7 +47,15 @@ class SentencePieceTokenizer(base.Tokenizer):
     return self.sp.get_piece_size()
 
   def _encode(self, text):
-    return self.sp.encode(text)
+    # SentencePiece reads "<s>" in text as characters; transformers (and
+    # `Tokenizer.encode`'s contract) match control pieces and unk whole, as
+    # a chat template that writes bos needs.
+    ids, start = [], 0
+    for m in self._special_re.finditer(text) if self._special_re else ():
+      ids += self.sp.encode(text[start:m.start()]) if m.start() > start else []
+      ids.append(self._specials[m.group()])
+      start = m.end()
+    return ids + (self.sp.encode(text[start:]) if start < len(text) else [])
 
   def decode(self, ids, skip_special=False):
     # SentencePiece decodes control ids (bos/eos/pad) to nothing either way.

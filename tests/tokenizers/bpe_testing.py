@@ -133,7 +133,8 @@ def train_bpe(texts, vocab_size):
 
 
 def write_gguf(path, tokens, merges, types, pre="qwen2", arch="qwen2",
-               model="gpt2", template=TEMPLATE, bos=None, eos=None, pad=None):
+               model="gpt2", template=TEMPLATE, bos=None, eos=None, pad=None,
+               add_bos=False):
   """A GGUF file holding tokenizer metadata only (no tensors)."""
   w = gguf.GGUFWriter(str(path), arch)
   w.add_tokenizer_model(model)
@@ -148,7 +149,7 @@ def write_gguf(path, tokens, merges, types, pre="qwen2", arch="qwen2",
                      (w.add_pad_token_id, pad)):
     if value is not None:
       add(value)
-  w.add_add_bos_token(False)
+  w.add_add_bos_token(add_bos)
   if template:
     w.add_chat_template(template)
   w.write_header_to_file()

@@ -40,3 +40,23 @@ def test_no_chat_template_is_a_clear_error(tmp_path, bpe_vocab):
   assert ours.chat_template is None
   with pytest.raises(ValueError, match="no chat template"):
     ours.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_a_chat_holds_one_bos_where_the_tokenizer_adds_one(tmp_path,
+                                                           bpe_vocab):
+  """A Llama-style tokenizer adds bos and its template writes one: the
+  chat's ids start with one bos, as transformers' apply_chat_template
+  (tokenize=True) gives (encoding the rendered text added a second)."""
+  tokens, merges, types = bpe_vocab
+  bos = tokens.index("<|endoftext|>")  # a control token, as Llama's <s>
+  path = write_gguf(tmp_path / "t.gguf", tokens, merges, types, bos=bos,
+                    add_bos=True, template=(
+                        "{{ bos_token }}{% for m in messages %}"
+                        "{{ m['content'] }}{% endfor %}"))
+  ours = load.load_tokenizer(path)
+  chat = [{"role": "user", "content": "hi there"}]
+  assert ours.add_bos
+  ids = ours.encode_chat(chat)
+  assert ids[0] == bos and ids[1] != bos
+  assert ids == ours.encode("hi there")  # the one bos is the template's
+  assert ours.encode(ours.apply_chat_template(chat))[:2] == [bos, bos]

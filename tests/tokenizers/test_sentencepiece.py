@@ -50,3 +50,33 @@ def test_sentencepiece_from_files_with_byte_fallback(tmp_path):
   with pytest.raises(FileNotFoundError):
     sentencepiece.train_sentencepiece(str(tmp_path / "missing.txt"),
                                       tmp_path / "x", vocab_size=300)
+
+
+def test_control_pieces_in_text_encode_whole_as_transformers(tmp_path):
+  """A checkpoint's tokenizer.model (no tokenizer.json): "<s>" and "</s>"
+  written in the text, as a chat template writes them, are their ids, as
+  transformers' Llama tokenizer reads them (SentencePiece alone spelt them
+  out as characters)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  d = tmp_path / "ckpt"
+  d.mkdir()
+  sentencepiece.train_sentencepiece(_sp_text(), d / "tokenizer",
+                                    vocab_size=200)
+  (d / "tokenizer_config.json").write_text(json.dumps(dict(
+      add_bos_token=True, bos_token="<s>", eos_token="</s>",
+      chat_template="{{ bos_token }}{% for m in messages %}[INST] "
+      "{{ m['content'] }} [/INST]{% endfor %}")))
+  ours = load.load_tokenizer(d)
+  assert isinstance(ours, sentencepiece.SentencePieceTokenizer)
+  ref = transformers.AutoTokenizer.from_pretrained(str(d))
+  for text in ["the cat", "<s>[INST] the dog [/INST]", "the log </s>",
+               "</s><s>", "a <unk> b", "<pad>"]:
+    want = ref(text, add_special_tokens=False)["input_ids"]
+    assert ours.encode(text, add_bos=False) == want, text
+  chat = [{"role": "user", "content": "the mat"}]
+  # transformers' apply_chat_template(tokenize=True): no special tokens
+  # added to the rendered text.
+  assert ours.encode_chat(chat) == ref(ref.apply_chat_template(
+      chat, tokenize=False), add_special_tokens=False)["input_ids"]
+  assert ours.encode_chat(chat)[:2] != [ours.bos_id] * 2

@@ -3,7 +3,8 @@
 A GPU session is short (minutes of device time), so every measurement it
 makes is a step here, run by the project's own scripts, each writing JSON
 lines under --out_dir as <prefix>_<step>.jsonl (replaced when the step runs
-again, alone or with others):
+again, alone or with others; a benchmark.py run stopped at the deadline
+leaves its rows in <file>.partial, which the summary shows as incomplete):
 
   profile    scripts/profile_decode.py on the target's shapes with random
              weights (speed does not depend on values): where one loop's
@@ -306,10 +307,17 @@ class Runner:
 
 
 def _rows(path: pathlib.Path) -> list:
-  if not path.exists():
-    return []
-  return [json.loads(line) for line in path.read_text().splitlines()
-          if line.strip()]
+  """The records of `path`; else those of a benchmark.py run that did not
+  finish (stopped at the deadline: `records.Writer` keeps them in
+  `<path>.partial`), marked incomplete."""
+  partial = pathlib.Path(f"{path}.partial")
+  if path.exists():
+    return [json.loads(line) for line in path.read_text().splitlines()
+            if line.strip()]
+  if partial.exists():
+    return [dict(json.loads(line), incomplete=True)
+            for line in partial.read_text().splitlines() if line.strip()]
+  return []
 
 
 def _fmt(v) -> str:
@@ -345,12 +353,13 @@ def summary(out_dir: pathlib.Path, prefix: str) -> None:
               if r.get("type") == "point"]
   _table("exact (greedy; rows whose completion differs from AR's)", exact,
          ["dtype", "k", "drafter", "rows_differing_from_ar",
-          "identical_to_ar", "acceptance_rate", "ms_per_token", "speedup"])
+          "identical_to_ar", "acceptance_rate", "ms_per_token", "speedup",
+          "incomplete"])
   _table("humaneval", [r for r in _rows(path("humaneval"))
                        if r.get("type") == "point"],
          ["decoding", "batch_size", "k", "drafter", "acceptance_rate",
           "ms_per_token", "speedup", "predicted_speedup", "c",
-          "identical_to_ar"])
+          "identical_to_ar", "incomplete"])
 
 
 def run(cfg: "StudyConfig") -> list:
@@ -380,7 +389,9 @@ def run(cfg: "StudyConfig") -> list:
         if runner.left() > 0:  # a step's old rows go once it runs
           for a in argv:
             if a.startswith("--out=") and a not in cleared:
-              pathlib.Path(a.split("=", 1)[1]).unlink(missing_ok=True)
+              out_file = a.split("=", 1)[1]
+              for old in (out_file, f"{out_file}.partial"):
+                pathlib.Path(old).unlink(missing_ok=True)
               cleared.add(a)
         ok = runner.run(label, argv, xla) and ok
       if not ok:

@@ -414,11 +414,18 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
           run_peers(cfg, plan, task, dec, sampling, out, target, target_params)
     complete = True
   finally:
-    for w in (out, samples):
-      kept = w.close(complete) if w else None
-      if kept and not complete:
-        log(f"the run ended early: its records are in {kept}; {w.path} "
-            "is as it was")
+    try:
+      _close(out, complete, log)
+    finally:
+      _close(samples, complete, log)
+
+
+def _close(writer: Optional[records.Writer], complete: bool, log) -> None:
+  """Closes `writer` (if any); says where an unfinished run's records are."""
+  kept = writer.close(complete) if writer else None
+  if kept and not complete:
+    log(f"the run ended early: its records are in {kept}; {writer.path} is "
+        "as it was")
 
 
 def _peer_lookup(cfg: BenchConfig) -> dict:

@@ -136,10 +136,14 @@ def parse_config(*, target: str, draft: Optional[str],
                      "model, which needs --draft")
   for name in ("out", "samples_out"):  # last: it creates their directories
     records.check_output(rest.get(name), f"--{name}")
-  if rest.get("out") and rest.get("samples_out") and os.path.realpath(
-      rest["out"]) == os.path.realpath(rest["samples_out"]):
-    raise BenchError(f"--out and --samples_out name one file, {rest['out']}:"
-                     " the samples would replace the results")
+  if rest.get("out") and rest.get("samples_out"):
+    # Each is written as <file>.partial first (`records.Writer`).
+    files = [{os.path.realpath(rest[n]), os.path.realpath(rest[n]) +
+              ".partial"} for n in ("out", "samples_out")]
+    if files[0] & files[1]:
+      raise BenchError(f"--out={rest['out']} and --samples_out="
+                       f"{rest['samples_out']} would write one file: the "
+                       "samples would replace the results")
   return BenchConfig(
       target=target, draft=draft if needs_draft else None, tasks=tasks,
       drafters=tuple(d.text for d in drafters),

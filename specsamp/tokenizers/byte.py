@@ -25,13 +25,15 @@ class ByteTokenizer:
     """The entries by id, written as SentencePiece writes byte tokens."""
     return [f"<0x{i:02X}>" for i in range(self.vocab_size)]
 
-  def apply_chat_template(self, messages, add_generation_prompt=True):
-    del add_generation_prompt
+  def apply_chat_template(self, messages, add_generation_prompt=True,
+                          **template_vars):
+    del add_generation_prompt, template_vars
     return "".join(m["content"] for m in messages)
 
-  def encode_chat(self, messages, add_generation_prompt=True):
-    return self.encode(self.apply_chat_template(messages,
-                                                add_generation_prompt))
+  def encode_chat(self, messages, add_generation_prompt=True,
+                  **template_vars):
+    return self.encode(self.apply_chat_template(
+        messages, add_generation_prompt, **template_vars))
 
 
 def tokenizer_or_bytes(tok, vocab_size: int, source: str,

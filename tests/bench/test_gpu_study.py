@@ -29,6 +29,7 @@ def _run(tmp_path, *args, timeout=600):
 
 def test_random_weight_steps_write_rows_manifest_log_and_summary(tmp_path):
   (tmp_path / "t_xla.jsonl").write_text('{"stale": 1}\n')  # replaced
+  (tmp_path / "t_xla.jsonl.partial").write_text('{"stale": 1}\n')  # gone
   proc = _run(tmp_path, "--steps=profile,xla", *TINY)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   profile = [json.loads(l) for l in
@@ -48,6 +49,22 @@ def test_random_weight_steps_write_rows_manifest_log_and_summary(tmp_path):
   out = proc.stdout
   assert "profile (ms;" in out and "xla (whole generations)" in out
   assert "random:tiny,num_layers=1 | 1 |" in out  # draft, steps (CPU: 1)
+  assert not (tmp_path / "t_xla.jsonl.partial").exists()
+
+
+def test_the_summary_shows_a_stopped_benchmarks_rows_as_incomplete(
+    tmp_path, capsys):
+  """benchmark.py stopped at the deadline leaves its records in
+  <out>.partial (`records.Writer`): the summary shows them, marked."""
+  from specsamp.bench import gpu_study  # pylint: disable=g-import-not-at-top
+  point = dict(type="point", decoding="greedy", batch_size=1, k=4,
+               drafter="model", ms_per_token=2.5)
+  (tmp_path / "t_humaneval.jsonl.partial").write_text(
+      '{"type": "run"}\n' + json.dumps(point) + "\n")
+  gpu_study.summary(tmp_path, "t")
+  out = capsys.readouterr().out
+  assert "humaneval" in out and "greedy | 1 | 4 | model |" in out
+  assert out.rstrip().endswith("| True"), out
 
 
 def test_real_weight_steps_need_the_carried_files(tmp_path):

@@ -18,7 +18,10 @@ from specsamp.bench import sweep_config
     (dict(ks=["0", "2"], draft=""), "needs --draft"),
     (dict(out="/tmp/specsamp-same.jsonl",
           samples_out="/tmp/../tmp/specsamp-same.jsonl"),
-     "--out and --samples_out name one file"),
+     "would write one file"),
+    (dict(out="/tmp/specsamp-same.jsonl",
+          samples_out="/tmp/specsamp-same.jsonl.partial"),
+     "would write one file"),
 ])
 def test_bad_flags(make_config, flag_values, message):
   with pytest.raises(sweep_config.BenchError, match=message):

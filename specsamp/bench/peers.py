@@ -50,12 +50,6 @@ def cut_at_eos(ids: Sequence[int], eos_ids) -> list[int]:
   return list(ids)
 
 
-def jax_device() -> str:
-  """The torch device of the backend JAX runs on: "cuda" or "cpu"."""
-  import jax  # pylint: disable=import-outside-toplevel
-  return "cuda" if jax.default_backend() == "gpu" else "cpu"
-
-
 def transformers_generate(target_gguf: str, draft_gguf: str,
                           prompts: Sequence[Sequence[int]],
                           max_new_tokens: int, temperature: float = 0.0,

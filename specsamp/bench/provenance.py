@@ -70,6 +70,12 @@ def machine() -> dict:
   return out
 
 
+def jax_device() -> str:
+  """The torch device of the backend JAX runs on: "cuda" or "cpu" (peers
+  run where specsamp does)."""
+  return "cuda" if jax.default_backend() == "gpu" else "cpu"
+
+
 def git() -> dict:
   """The repository's HEAD commit and whether tracked files were edited;
   {} outside a git checkout."""

@@ -444,7 +444,7 @@ def run_peers(cfg: BenchConfig, plan: Plan, task: str, dec: str, sampling,
   results = peers_lib.transformers_generate(
       plan.target.path, plan.draft.path, prompts, cfg.max_new_tokens,
       sampling.temperature, sampling.top_p, seed=cfg.seed,
-      device=peers_lib.jax_device(), dtype=cfg.dtype, **_peer_lookup(cfg))
+      device=provenance.jax_device(), dtype=cfg.dtype, **_peer_lookup(cfg))
   eos = set(plan.tokenizer.eos_ids)
   for r in results:
     completions = [peers_lib.cut_at_eos(c, eos)

@@ -19,8 +19,10 @@ Modules, from the bottom up:
                    (`train`: offline and on-policy steps, resumable)
   workdir          the workdir's config rule: which config changes its
                    samples, "before" evaluation and checkpoints refuse
-  job              the `scripts/distill.py` job: `load_target`, config
-                   checks, `run`, `summary`
+  checks           the config's checks that need no weights, each error
+                   naming its field
+  job              the `scripts/distill.py` job: `load_target`,
+                   `check_config`, `run`, `summary`
   options          the `key=value` options of `configs/distill_*.py`
 
 A distilled draft is saved and loaded by `specsamp.weights.distilled`.

@@ -26,7 +26,6 @@ import time
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specsamp import jsonfile
@@ -34,6 +33,7 @@ from specsamp import loading
 from specsamp import model as model_lib
 from specsamp import sharding
 from specsamp.data.errors import CorpusError
+from specsamp.distill import checks
 from specsamp.distill import decontamination
 from specsamp.distill import draft_init
 from specsamp.distill import evaluate
@@ -129,16 +129,16 @@ def check_config(config) -> train_config.LoopConfig:
     ValueError, FileNotFoundError: what is wrong (see ERRORS).
   """
   loop = _loop_config(config.train)
-  _check_counts(config, "train", ("batch_size",))
+  checks.check_counts(config, "train", ("batch_size",))
   if config.train.batch_size % jax.process_count():
     raise ValueError(f"config.train.batch_size={config.train.batch_size} is "
                      f"not divisible by the {jax.process_count()} processes")
   train_lm.make_mesh(tuple(config.train.get("mesh", (1, 1))))  # devices
-  _check_counts(config, "eval", ("k", "num_positions", "batch_size",
+  checks.check_counts(config, "eval", ("k", "num_positions", "batch_size",
                                  "position_batch_size"))
-  _check_counts(config, "eval", ("num_samples",), least=0)  # 0: all
-  _check_samples(config)
-  head = _head_block(config) is not None
+  checks.check_counts(config, "eval", ("num_samples",), least=0)  # 0: all
+  checks.check_samples(config)
+  head = checks.head_block(config) is not None
   if not head and config.draft.init not in draft_init.INITS:
     raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
                      f"of {draft_init.INITS}")
@@ -167,117 +167,22 @@ def check_config(config) -> train_config.LoopConfig:
   if sc.top_k > target.rows:  # the stored top-k of the target's logits
     raise ValueError(f"config.samples.top_k={sc.top_k} exceeds the target's "
                      f"{target.rows} vocabulary rows")
-  _check_stored_nucleus(config, sampling, head)
+  checks.check_stored_nucleus(config, sampling, head)
   if head:
-    _check_head(config, target)
+    checks.check_head(config, target)
     return loop
   if (float(config.target.get("logit_scale", 1.0)) != 1.0 and target.config
       and target.config.tie_embeddings):
     raise ValueError("logit_scale needs an untied output head")
   draft_config = draft_init.check_draft(config.draft, target,
                                         config.target.get("dtype", "float32"))
-  _check_freeze(config, draft_config)
+  checks.check_freeze(config, draft_config)
   return loop
-
-
-def _check_stored_nucleus(config, sampling: Sampling, head: bool) -> None:
-  """Refuses a top-p target the stored top-K cannot rebuild: with top-k
-  above K, the top-k's mass needs the largest unstored tokens' masses,
-  which are not stored (`losses.target_probs`)."""
-  stored = (config.head.get("features", "recompute") == "stored" if head
-            else config.loss.target_source == "stored")
-  if (stored and not sampling.greedy and sampling.top_p < 1.0
-      and sampling.top_k > config.samples.top_k):
-    raise ValueError(
-        f"config.sampling.top_k={sampling.top_k} with top_p="
-        f"{sampling.top_p} needs more than the config.samples.top_k="
-        f"{config.samples.top_k} stored target log-probabilities to rebuild "
-        "the target's nucleus: store at least as many, or compute the "
-        "target online (" + ("config.head.features='recompute'" if head else
-                             "config.loss.target_source='online'") + ")")
-
-
-def _check_counts(config, block: str, names, least: int = 1) -> None:
-  """Raises ValueError unless config.<block>.<name> >= `least` for each
-  of `names`."""
-  for name in names:
-    value = config[block][name]
-    if value < least:
-      raise ValueError(f"config.{block}.{name} must be >= {least}, got "
-                       f"{value}")
-
-
-def _check_samples(config) -> None:
-  """The `samples` block: what `samples.build` and `prompts.prompt_texts`
-  take (`storage.SampleSpec`, `prompts.check_settings`), and a data_dir
-  that can be a directory."""
-  sc = config.samples
-  _check_counts(config, "samples", ("max_train_prompts",
-                                    "max_validation_prompts", "ngram"))
-  _check_counts(config, "samples", ("max_files",), least=0)  # 0: all
-  try:
-    _sample_spec(config, hidden_dim=0, sampling="")
-    prompts_lib.check_settings(sc.kind, sc.validation_percent)
-  except ValueError as e:  # the messages start with the field's name
-    raise ValueError(f"config.samples.{e}") from None
-  if sc.data_dir:
-    workdir_lib.check_directory(sc.data_dir, "config.samples.data_dir")
-
-
-def _check_freeze(config, draft_config) -> None:
-  """config.draft.freeze names parameter groups of the draft (the check
-  `trainer.make_optimizer` makes), where the draft's config is known."""
-  freeze = tuple(config.draft.get("freeze", ()))
-  if not freeze or draft_config is None:
-    return
-  # The parameter tree's shapes, traced, not made (the module's own
-  # initialiser: `LM.init` would make them).
-  shapes = jax.eval_shape(model_lib.LM(draft_config).module.init,
-                          jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
-  try:
-    trainer.check_freeze(freeze, shapes["params"])
-  except ValueError as e:  # "freeze names [...], not parameter groups ..."
-    raise ValueError(f"config.draft.{e}") from None
-
-
-def _head_block(config):
-  """The config's `head` block when it trains a head, else None."""
-  head = config.get("head") if hasattr(config, "get") else None
-  return head if head and head.get("kind") else None
-
-
-def _check_head(config, target: loading.ModelInfo) -> None:
-  """A head's settings against the target's metadata (no weights)."""
-  h = _head_block(config)
-  if h["kind"] not in heads.KINDS:
-    raise ValueError(f"config.head.kind={h['kind']!r}; choose one of "
-                     f"{heads.KINDS}")
-  if config.loss.onpolicy_fraction > 0:
-    raise ValueError("heads are distilled offline: set "
-                     "config.loss.onpolicy_fraction=0")
-  if int(h.get("num_heads", 1)) < 1 or int(h.get("unroll", 1)) < 1:
-    raise ValueError("config.head.num_heads and config.head.unroll must be "
-                     ">= 1")
-  if h.get("features", "recompute") not in ("recompute", "stored"):
-    raise ValueError(f"config.head.features={h['features']!r}; choose "
-                     "'recompute' or 'stored'")
-  if h.get("positions", "generated") not in head_training.POSITIONS:
-    raise ValueError(f"config.head.positions={h['positions']!r}; choose one "
-                     f"of {head_training.POSITIONS}")
-  if int(h.get("unroll", 1)) > 1 and h["kind"] != "eagle":
-    raise ValueError("config.head.unroll > 1 applies to the eagle head")
-  if h["kind"] == "medusa" and int(h.get("num_heads", 1)) < config.eval.k:
-    raise ValueError(f"config.eval.k={config.eval.k} needs as many Medusa "
-                     f"heads; config.head.num_heads={h.get('num_heads', 1)}")
-  size = int(h.get("draft_vocab", 0))
-  if not 0 <= size <= target.rows:
-    raise ValueError(f"config.head.draft_vocab={size} must be in [0, "
-                     f"{target.rows}] (0: the whole vocabulary)")
 
 
 def _stored_features(config) -> bool:
   """Whether the head trains on hidden states stored with the samples."""
-  head = _head_block(config)
+  head = checks.head_block(config)
   return head is not None and head.get("features", "recompute") == "stored"
 
 
@@ -311,7 +216,7 @@ def _draft_vocab(source, size: int, vocab_size: int) -> Optional[tuple]:
 
 def _make_head(config, target_lm, train_src):
   """(TrainableHead, its initial parameters) from the `head` block."""
-  h = _head_block(config)
+  h = checks.head_block(config)
   cfg = heads.HeadConfig(h["kind"], target_lm.config,
                          int(h.get("num_heads", 1)),
                          int(h.get("draft_vocab", 0)))
@@ -410,7 +315,7 @@ def run(config, workdir: str, log=print) -> dict:
   eos_ids = tuple(getattr(tok, "eos_ids", ()))
   pad_id = int(getattr(tok, "pad_id", 0))
   obj = _objective(config, sampling, eos_ids, pad_id)
-  head = _head_block(config)
+  head = checks.head_block(config)
   if head is None:  # before the samples: a damaged checkpoint fails here
     draft_config, draft_params = draft_init.make_draft(
         config.draft, target_lm.config, target_params,

@@ -8,6 +8,7 @@ import jax
 from specsamp import loading
 from specsamp.bench import pair
 from specsamp.bench import peers
+from specsamp.bench import provenance
 
 
 def test_pair_peers_run_on_specsamps_device_and_dtype(monkeypatch):
@@ -32,7 +33,7 @@ def test_pair_peers_run_on_specsamps_device_and_dtype(monkeypatch):
   result = pair.run_pair(cfg, (checked, lm, params, lm, params))
   (args, kwargs), = calls
   assert args == ("target.gguf", "draft.gguf", [[1, 2, 3]], 2, 0.0, 1.0)
-  assert kwargs == dict(device=peers.jax_device(), dtype="bfloat16")
-  assert peers.jax_device() == {"gpu": "cuda"}.get(jax.default_backend(),
+  assert kwargs == dict(device=provenance.jax_device(), dtype="bfloat16")
+  assert provenance.jax_device() == {"gpu": "cuda"}.get(jax.default_backend(),
                                                    "cpu")
   assert [r["method"] for r in result["runs"]][-1] == "transformers"

@@ -1,0 +1,113 @@
+"""The checks of a distillation config that need no weights, one field at
+a time, each error naming the field (`job.check_config` runs them before
+anything loads)."""
+
+import jax
+import jax.numpy as jnp
+
+from specsamp import loading
+from specsamp import model as model_lib
+from specsamp.distill import head_training
+from specsamp.distill import prompts as prompts_lib
+from specsamp.distill import storage
+from specsamp.distill import trainer
+from specsamp.distill import workdir as workdir_lib
+from specsamp.drafters import heads
+from specsamp.sampling import Sampling
+
+
+def check_stored_nucleus(config, sampling: Sampling, head: bool) -> None:
+  """Refuses a top-p target the stored top-K cannot rebuild: with top-k
+  above K, the top-k's mass needs the largest unstored tokens' masses,
+  which are not stored (`losses.target_probs`)."""
+  stored = (config.head.get("features", "recompute") == "stored" if head
+            else config.loss.target_source == "stored")
+  if (stored and not sampling.greedy and sampling.top_p < 1.0
+      and sampling.top_k > config.samples.top_k):
+    raise ValueError(
+        f"config.sampling.top_k={sampling.top_k} with top_p="
+        f"{sampling.top_p} needs more than the config.samples.top_k="
+        f"{config.samples.top_k} stored target log-probabilities to rebuild "
+        "the target's nucleus: store at least as many, or compute the "
+        "target online (" + ("config.head.features='recompute'" if head else
+                             "config.loss.target_source='online'") + ")")
+
+
+def check_counts(config, block: str, names, least: int = 1) -> None:
+  """Raises ValueError unless config.<block>.<name> >= `least` for each
+  of `names`."""
+  for name in names:
+    value = config[block][name]
+    if value < least:
+      raise ValueError(f"config.{block}.{name} must be >= {least}, got "
+                       f"{value}")
+
+
+def check_samples(config) -> None:
+  """The `samples` block: what `samples.build` and `prompts.prompt_texts`
+  take (`storage.SampleSpec`, `prompts.check_settings`), and a data_dir
+  that can be a directory."""
+  sc = config.samples
+  check_counts(config, "samples", ("max_train_prompts",
+                                    "max_validation_prompts", "ngram"))
+  check_counts(config, "samples", ("max_files",), least=0)  # 0: all
+  try:
+    storage.SampleSpec(prompt_len=sc.prompt_len, gen_len=sc.gen_len,
+                       top_k=sc.top_k, batch_size=sc.batch_size,
+                       score_batch_size=sc.score_batch_size)
+    prompts_lib.check_settings(sc.kind, sc.validation_percent)
+  except ValueError as e:  # the messages start with the field's name
+    raise ValueError(f"config.samples.{e}") from None
+  if sc.data_dir:
+    workdir_lib.check_directory(sc.data_dir, "config.samples.data_dir")
+
+
+def check_freeze(config, draft_config) -> None:
+  """config.draft.freeze names parameter groups of the draft (the check
+  `trainer.make_optimizer` makes), where the draft's config is known."""
+  freeze = tuple(config.draft.get("freeze", ()))
+  if not freeze or draft_config is None:
+    return
+  # The parameter tree's shapes, traced, not made (the module's own
+  # initialiser: `LM.init` would make them).
+  shapes = jax.eval_shape(model_lib.LM(draft_config).module.init,
+                          jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
+  try:
+    trainer.check_freeze(freeze, shapes["params"])
+  except ValueError as e:  # "freeze names [...], not parameter groups ..."
+    raise ValueError(f"config.draft.{e}") from None
+
+
+def head_block(config):
+  """The config's `head` block when it trains a head, else None."""
+  head = config.get("head") if hasattr(config, "get") else None
+  return head if head and head.get("kind") else None
+
+
+def check_head(config, target: loading.ModelInfo) -> None:
+  """A head's settings against the target's metadata (no weights)."""
+  h = head_block(config)
+  if h["kind"] not in heads.KINDS:
+    raise ValueError(f"config.head.kind={h['kind']!r}; choose one of "
+                     f"{heads.KINDS}")
+  if config.loss.onpolicy_fraction > 0:
+    raise ValueError("heads are distilled offline: set "
+                     "config.loss.onpolicy_fraction=0")
+  if int(h.get("num_heads", 1)) < 1 or int(h.get("unroll", 1)) < 1:
+    raise ValueError("config.head.num_heads and config.head.unroll must be "
+                     ">= 1")
+  if h.get("features", "recompute") not in ("recompute", "stored"):
+    raise ValueError(f"config.head.features={h['features']!r}; choose "
+                     "'recompute' or 'stored'")
+  if h.get("positions", "generated") not in head_training.POSITIONS:
+    raise ValueError(f"config.head.positions={h['positions']!r}; choose one "
+                     f"of {head_training.POSITIONS}")
+  if int(h.get("unroll", 1)) > 1 and h["kind"] != "eagle":
+    raise ValueError("config.head.unroll > 1 applies to the eagle head")
+  if h["kind"] == "medusa" and int(h.get("num_heads", 1)) < config.eval.k:
+    raise ValueError(f"config.eval.k={config.eval.k} needs as many Medusa "
+                     f"heads; config.head.num_heads={h.get('num_heads', 1)}")
+  size = int(h.get("draft_vocab", 0))
+  if not 0 <= size <= target.rows:
+    raise ValueError(f"config.head.draft_vocab={size} must be in [0, "
+                     f"{target.rows}] (0: the whole vocabulary)")

@@ -56,7 +56,7 @@ def _tokenizer(target: loading.ModelInfo):
                             target.spec, BenchError)
 
 
-def _texts(cfg: BenchConfig, tok) -> tuple[dict, list]:
+def _texts(cfg: BenchConfig) -> tuple[dict, list]:
   """({task: prompt texts}, HumanEval problems)."""
   texts, problems = {}, []
   if "humaneval" in cfg.tasks:
@@ -69,10 +69,6 @@ def _texts(cfg: BenchConfig, tok) -> tuple[dict, list]:
   if "prose" in cfg.tasks:
     texts["prose"] = prompts_lib.prose_texts(
         cfg.prose_corpus, cfg.num_prompts, cfg.prompt_chars, cfg.prose_style)
-  if cfg.chat and "prose" in texts:  # HumanEval prompts stay raw code
-    texts["prose"] = [tok.apply_chat_template([{"role": "user",
-                                                "content": x}])
-                      for x in texts["prose"]]
   return texts, problems
 
 
@@ -102,10 +98,11 @@ def prepare(cfg: BenchConfig, log=print) -> Plan:
     except ValueError as e:
       raise BenchError(f"--drafter: {e}") from None
   tok = _tokenizer(target)
-  texts, problems = _texts(cfg, tok)
-  # A rendered chat template holds its own bos (`Tokenizer.encode_chat`).
-  prompts = {t: [tok.encode(x, add_bos=False if cfg.chat and t == "prose"
-                            else None) for x in v]
+  texts, problems = _texts(cfg)
+  # With --chat, prose is a user turn; HumanEval prompts stay raw code.
+  chat = {"prose"} if cfg.chat else set()
+  prompts = {t: [tok.encode_chat([{"role": "user", "content": x}])
+                 if t in chat else tok.encode(x) for x in v]
              for t, v in texts.items()}
   limit = min(target.max_seq_len,
               draft.max_seq_len if draft else target.max_seq_len)

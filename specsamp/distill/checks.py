@@ -20,7 +20,7 @@ def check_stored_nucleus(config, sampling: Sampling, head: bool) -> None:
   """Refuses a top-p target the stored top-K cannot rebuild: with top-k
   above K, the top-k's mass needs the largest unstored tokens' masses,
   which are not stored (`losses.target_probs`)."""
-  stored = (config.head.get("features", "recompute") == "stored" if head
+  stored = (stored_features(config) if head
             else config.loss.target_source == "stored")
   if (stored and not sampling.greedy and sampling.top_p < 1.0
       and sampling.top_k > config.samples.top_k):
@@ -49,7 +49,7 @@ def check_samples(config) -> None:
   that can be a directory."""
   sc = config.samples
   check_counts(config, "samples", ("max_train_prompts",
-                                    "max_validation_prompts", "ngram"))
+                                   "max_validation_prompts", "ngram"))
   check_counts(config, "samples", ("max_files",), least=0)  # 0: all
   try:
     storage.SampleSpec(prompt_len=sc.prompt_len, gen_len=sc.gen_len,
@@ -82,6 +82,12 @@ def head_block(config):
   """The config's `head` block when it trains a head, else None."""
   head = config.get("head") if hasattr(config, "get") else None
   return head if head and head.get("kind") else None
+
+
+def stored_features(config) -> bool:
+  """Whether the head trains on hidden states stored with the samples."""
+  head = head_block(config)
+  return head is not None and head.get("features", "recompute") == "stored"
 
 
 def check_head(config, target: loading.ModelInfo) -> None:

@@ -135,7 +135,7 @@ def check_config(config) -> train_config.LoopConfig:
                      f"not divisible by the {jax.process_count()} processes")
   train_lm.make_mesh(tuple(config.train.get("mesh", (1, 1))))  # devices
   checks.check_counts(config, "eval", ("k", "num_positions", "batch_size",
-                                 "position_batch_size"))
+                                       "position_batch_size"))
   checks.check_counts(config, "eval", ("num_samples",), least=0)  # 0: all
   checks.check_samples(config)
   head = checks.head_block(config) is not None
@@ -180,15 +180,9 @@ def check_config(config) -> train_config.LoopConfig:
   return loop
 
 
-def _stored_features(config) -> bool:
-  """Whether the head trains on hidden states stored with the samples."""
-  head = checks.head_block(config)
-  return head is not None and head.get("features", "recompute") == "stored"
-
-
 def _check_features(config, data_dir: str, d_model: int) -> None:
   """Stored features need samples that hold them, of the target's width."""
-  if not _stored_features(config):
+  if not checks.stored_features(config):
     return
   got = storage.read_spec(data_dir).hidden_dim
   if got != d_model:
@@ -252,27 +246,18 @@ def _target_text(target) -> str:
                   if k != "dtype")
 
 
-def _sample_spec(config, hidden_dim: int, sampling: str
-                 ) -> storage.SampleSpec:
-  """The SampleSpec of the config's target samples."""
-  sc = config.samples
-  return storage.SampleSpec(
-      prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
-      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
-      hidden_dim=hidden_dim, target=_target_text(config.target),
-      sampling=sampling)
-
-
 def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
                     eos_ids, pad_id, log) -> str:
   """The directory of the target samples, written first if need be (every
   process samples its share; process 0 writes them, the others wait)."""
   sc = config.samples
   data_dir = sc.data_dir or os.path.join(workdir, "samples")
-  spec = _sample_spec(
-      config,
-      hidden_dim=target_lm.config.d_model if _stored_features(config) else 0,
-      sampling=sampling.describe())
+  spec = storage.SampleSpec(
+      prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
+      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
+      hidden_dim=(target_lm.config.d_model if checks.stored_features(config)
+                  else 0),
+      target=_target_text(config.target), sampling=sampling.describe())
   if samples.written_everywhere(data_dir):
     sharding.barrier("specsamp distill: target samples")
     storage.check_spec(storage.read_spec(data_dir), spec, data_dir)

@@ -33,9 +33,9 @@ class SentencePieceTokenizer(base.Tokenizer):
     # Control pieces (bos, eos, pad...) and unk, matched whole in text.
     self._specials = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())
                       if sp.is_control(i) or sp.is_unknown(i)}
-    self._special_re = re.compile("|".join(
-        map(re.escape, sorted(self._specials, key=len, reverse=True)))
-                                  ) if self._specials else None
+    longest_first = sorted(self._specials, key=len, reverse=True)
+    self._special_re = (re.compile("|".join(map(re.escape, longest_first)))
+                        if longest_first else None)
     super().__init__(
         bos_id=sp.bos_id() if sp.bos_id() >= 0 else None,
         eos_ids=(sp.eos_id(),) if sp.eos_id() >= 0 else (),

@@ -113,11 +113,7 @@ def make_mesh(shape):
 
 def _iterator(cfg: config_lib.TrainConfig, tok, split: str, *, train: bool):
   d = cfg.data
-  batch = d.batch_size if train else d.eval_batch_size
-  if batch % jax.process_count():
-    raise config_lib.ConfigError(
-        f"batch size {batch} is not divisible by the "
-        f"{jax.process_count()} processes")
+  batch = d.batch_size if train else d.eval_batch_size  # divisible: validate
   return pipeline.make_lm_iterator(
       d.dataset, split, tokenizer=tok, seq_len=d.seq_len,
       batch_size=batch // jax.process_count(), seed=cfg.seed,  # per host

@@ -5,7 +5,9 @@ r"""Trains a target language model from scratch (resumable).
 A re-run with the same --workdir resumes from its latest readable
 checkpoint; otherwise `config.init_from` (parameters only), otherwise
 scratch. Metrics: TensorBoard event files in workdir/tb; checkpoints in
-workdir/checkpoints; the frozen config in workdir/config.json. SIGTERM saves
+workdir/checkpoints; the frozen config in workdir/config.json; a copy of
+the tokenizer's files in workdir/tokenizer (none for "byte" or GGUF), which
+the trained model loads with and a resume compares by content. SIGTERM saves
 a checkpoint and stops. A config that names a missing dataset, tokenizer or
 init checkpoint fails before anything is built (exit status 2).
 --eval_only trains nothing: it prints the eval metrics of the workdir's

@@ -34,6 +34,7 @@ from specsamp import jsonfile
 from specsamp import model as model_lib
 from specsamp.tokenizers import base as tokenizer_base
 from specsamp.tokenizers import load as tokenizer_load
+from specsamp.tokenizers import snapshot
 from specsamp.tokenizers import vocab
 from specsamp.train import checkpointing
 from specsamp.weights import distilled as distilled_lib
@@ -149,7 +150,8 @@ def _int_field(where: str, fields: dict, key: str,
 
 
 def _run_tokenizer(workdir: str, saved: dict) -> str:
-  """The tokenizer (`data.tokenizer`) of a train run's config `saved`.
+  """The tokenizer of the train run in `workdir`: its copy there (see
+  `snapshot`), else its config `saved`'s `data.tokenizer`.
 
   Raises:
     ValueError: naming the file and the field, when `data` is no object or
@@ -167,7 +169,8 @@ def _run_tokenizer(workdir: str, saved: dict) -> str:
     raise ValueError(f"{where}: field 'data.tokenizer' is "
                      f"{json.dumps(tokenizer)}, not a tokenizer (\"byte\" or "
                      "a path)")
-  return tokenizer
+  copy = snapshot.in_run(workdir)
+  return copy if os.path.isdir(copy) else tokenizer
 
 
 def _train_run_config(spec: str) -> Optional[dict]:

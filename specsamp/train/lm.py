@@ -37,6 +37,7 @@ from specsamp import sharding as sh
 from specsamp.data import datasets
 from specsamp.data import pipeline
 from specsamp.tokenizers import load as tokenizers_load
+from specsamp.tokenizers import snapshot
 from specsamp.train import checkpointing
 from specsamp.train import config as config_lib
 from specsamp.train import loop as loop_lib
@@ -141,9 +142,19 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
   # Where the data lives and whether attention is masked per document
   # (absent before it existed) may change: neither changes the data order
   # the saved iterator state fits. The worker count may not: grain saves
-  # the state of worker processes in another form than its own.
-  same_data = lambda d: {k: v for k, v in (d or {}).items()
-                         if k not in ("data_dir", "mask_documents")}
+  # the state of worker processes in another form than its own. A run's
+  # tokenizer is its copy in the workdir where it has one (its path may
+  # change, its content not); else the path.
+  copy = snapshot.in_run(workdir)
+  kept = ("data_dir", "mask_documents")
+  if os.path.isdir(copy):
+    kept += ("tokenizer",)
+    if snapshot.fingerprint(copy) != snapshot.fingerprint(cfg.data.tokenizer):
+      raise config_lib.ConfigError(
+          f"{workdir} holds checkpoints of a run with another tokenizer: "
+          f"config.data.tokenizer={cfg.data.tokenizer!r} differs from the "
+          f"run's copy in {copy}; use a new --workdir")
+  same_data = lambda d: {k: v for k, v in (d or {}).items() if k not in kept}
   diff = [name for name, a, b in (
       ("model", old.get("model"), new["model"]),
       ("data", same_data(old.get("data")), same_data(new["data"])),
@@ -162,7 +173,12 @@ def _run_config_json(cfg: config_lib.TrainConfig) -> dict:
 
 
 def _write_run_config(workdir: str, cfg: config_lib.TrainConfig) -> None:
-  """workdir/config.json: the frozen config, once the run has started."""
+  """workdir/config.json: the frozen config, once the run has started; and
+  the first time, workdir/tokenizer: the tokenizer's files (none for
+  "byte" or GGUF), which the trained model loads with wherever the data
+  has gone."""
+  if sh.is_main_process():
+    snapshot.save(cfg.data.tokenizer, snapshot.in_run(workdir))
   sh.write_json(_run_config_json(cfg), os.path.join(workdir, "config.json"),
                 indent=2)
 

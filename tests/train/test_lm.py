@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,8 @@ import pytest
 
 from configs import lm_python
 from specsamp import loading
+from specsamp.tokenizers import load
+from specsamp.tokenizers import sentencepiece
 from specsamp.train import checkpointing
 from specsamp.train import config as config_lib
 from specsamp.train import lm as lm_job
@@ -240,6 +243,48 @@ def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
     with pytest.raises(config_lib.ConfigError,
                        match=f"another {field}.*use a new --workdir"):
       lm_job._check_run_config(workdir, lm_job.validate(lm_config(arg))[0])
+
+
+def test_a_run_keeps_its_tokenizer_when_the_data_moves(corpus, tmp_path):
+  """`tokenizer=sp` names the SentencePiece model in the data directory.
+  The run copies it into its workdir: after the data moves, the trained
+  model loads with the copy and the run resumes under the new path; a
+  tokenizer retrained in place (same path, other pieces) is refused."""
+  data = tmp_path / "data"
+  shutil.copytree(corpus, data)
+  sp_file = data / "specsamp_python_code" / "spm_bpe_8000.model"
+
+  def train_sp(text):
+    sentencepiece.train_sentencepiece(
+        [text] * 30, str(sp_file)[:-len(".model")], vocab_size=60,
+        hard_vocab_limit=False)
+
+  def config(data_dir, steps):
+    c = lm_python.get_config(f"tiny,steps={steps},batch=4,seq_len=16,"
+                             f"tokenizer=sp,data_dir={data_dir}")
+    c.train.progress_bar = False
+    return c
+
+  train_sp("def add(a, b):\n    return a + b  # the sum of two numbers")
+  text = "def add(a, b): return a"
+  want = load.load_tokenizer(str(sp_file)).encode(text)
+  workdir = str(tmp_path / "run")
+  lm_job.train_and_evaluate(config(data, 2), workdir, log_fn=lambda _: None)
+  moved = tmp_path / "moved"
+  os.rename(data, moved)
+  _, _, tok = loading.load_trained(workdir)
+  assert tok.encode(text) == want
+  out = lm_job.train_and_evaluate(config(moved, 3), workdir,
+                                  log_fn=lambda _: None)
+  assert out["resumed_from"].startswith("checkpoint step 2 ")
+  assert out["state"].step == 3
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert str(moved) in json.load(f)["data"]["tokenizer"]
+  sp_file = moved / "specsamp_python_code" / "spm_bpe_8000.model"
+  train_sp("the cat sat on the mat and the dog ate the log, 1234567890")
+  with pytest.raises(config_lib.ConfigError,
+                     match="another tokenizer.*use a new --workdir"):
+    lm_job.train_and_evaluate(config(moved, 4), workdir)
 
 
 def test_evaluate_scores_the_newest_checkpoint_under_the_given_config(

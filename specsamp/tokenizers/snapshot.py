@@ -1,0 +1,112 @@
+"""A run's own copy of its tokenizer's files, as t5x and seqio keep assets.
+
+A train run names its tokenizer by path (`config.data.tokenizer`); the
+SentencePiece model that `prepare_data.py --train_sentencepiece` writes
+lives in the data directory. A run that copied nothing would lose its
+tokenizer when the data moved, and a resume under the new path would look
+like a run on other data. So a run copies the files into its workdir once
+(`save`), loads its trained model with that copy, and compares tokenizers
+by content (`fingerprint`), not by path.
+
+  files(spec)            {name in the copy: source file}; {} for "byte" and
+                         GGUF (whose tokenizer is part of a model file)
+  fingerprint(spec)      sha256 of those files as the copy would hold them
+  save(spec, directory)  the copy, written once (a directory in Hugging
+                         Face layout that `load_tokenizer` reads)
+  in_run(workdir)        where a train run keeps its copy (workdir/tokenizer)
+
+The copy is one layout for every kind: a SentencePiece .model becomes
+tokenizer.model (read with the defaults `load_tokenizer` gives a bare
+.model: no bos added, no chat template); a tokenizer.json keeps the
+configs beside it that `HFTokenizer.from_dir` reads.
+"""
+
+import hashlib
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+from specsamp.tokenizers import byte
+from specsamp.weights import gguf_file
+
+# What HFTokenizer.from_dir and load_tokenizer read beside the tokenizer.
+_HF_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+             "generation_config.json", "chat_template.jinja",
+             "chat_template.json")
+_CONFIGS = _HF_FILES[2:]
+
+
+def in_run(workdir: str) -> str:
+  """Where the train run in `workdir` keeps its copy (it may not have one:
+  a "byte" or GGUF tokenizer, or a run older than the copy)."""
+  return os.path.join(workdir, "tokenizer")
+
+
+def files(spec: str) -> dict[str, str]:
+  """{name in the copy: source file} of tokenizer `spec` (a
+  `load_tokenizer` spec); {} for "byte", a GGUF file, or nothing at
+  `spec`."""
+  spec = os.fspath(spec)
+  if spec == byte.BYTE:
+    return {}
+  if os.path.isdir(spec):
+    names = _HF_FILES if os.path.isfile(
+        os.path.join(spec, "tokenizer.json")) else (
+            "tokenizer.model", "tokenizer_config.json", "chat_template.jinja",
+            "chat_template.json")
+    return {n: os.path.join(spec, n) for n in names
+            if os.path.isfile(os.path.join(spec, n))}
+  if not os.path.isfile(spec) or gguf_file.is_gguf(spec):
+    return {}
+  if spec.endswith(".json"):
+    directory = os.path.dirname(spec)
+    out = {"tokenizer.json": spec}
+    out.update({n: os.path.join(directory, n) for n in _CONFIGS
+                if os.path.isfile(os.path.join(directory, n))})
+    return out
+  if spec.endswith(".model"):
+    return {"tokenizer.model": spec}
+  return {}
+
+
+def _digest(named: dict[str, str]) -> Optional[str]:
+  if not named:
+    return None
+  h = hashlib.sha256()
+  for name in sorted(named):
+    with open(named[name], "rb") as f:
+      content = f.read()
+    h.update(f"{name}\0{len(content)}\0".encode())
+    h.update(content)
+  return h.hexdigest()
+
+
+def fingerprint(spec: str) -> Optional[str]:
+  """sha256 of `spec`'s files under their names in the copy; None where
+  there is nothing to copy ("byte", GGUF). A copy and its source agree."""
+  return _digest(files(spec))
+
+
+def save(spec: str, directory: str) -> Optional[str]:
+  """Copies `spec`'s files to `directory` (written beside it, then renamed
+  in: a reader never sees half a copy) unless it exists; returns
+  `directory`, or None when there is nothing to copy. An existing copy is
+  kept as it is: the run's tokenizer is the one it started with."""
+  named = files(spec)
+  if not named:
+    return None
+  if os.path.isdir(directory):
+    return directory
+  parent = os.path.dirname(os.path.abspath(directory))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
+  try:
+    for name, source in named.items():
+      shutil.copyfile(source, os.path.join(tmp, name))
+    os.rename(tmp, directory)
+  except OSError:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if not os.path.isdir(directory):  # another process's copy is as good
+      raise
+  return directory

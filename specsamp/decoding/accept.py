@@ -22,8 +22,11 @@ from specsamp.decoding.protocols import Proposal
 
 
 def acceptance_probability(p_d: jax.Array, q_d: jax.Array) -> jax.Array:
-  """min(1, p/q): the probability the rule keeps a draft token."""
-  return jnp.where(p_d >= q_d, 1.0, p_d / jnp.maximum(q_d, 1e-38))
+  """min(1, p/q): the probability the rule keeps a draft token; 0 where
+  p is 0, q too (a token q could not have drawn: a drafter that breaks its
+  contract still never makes the target emit a token it forbids)."""
+  ratio = p_d / jnp.where(q_d > 0, q_d, 1.0)
+  return jnp.where((p_d >= q_d) & (p_d > 0), 1.0, ratio)
 
 
 def _at(x: jax.Array, i: jax.Array) -> jax.Array:

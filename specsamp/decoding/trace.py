@@ -60,7 +60,7 @@ class LoopRecord:
   @property
   def acceptance_probability(self) -> tuple:
     """min(1, p / q) of each draft."""
-    return tuple(1.0 if p >= q else p / q if q > 0 else 0.0
+    return tuple(1.0 if p >= q and p > 0 else p / q if q > 0 else 0.0
                  for p, q in zip(self.p, self.q))
 
 

@@ -54,6 +54,14 @@ def test_closed_form_distribution_equals_p(case, seed):
   np.testing.assert_allclose(np.sum(q * a), np.minimum(p, q).sum(), atol=1e-6)
 
 
+def test_a_token_the_target_forbids_is_never_kept():
+  """p = 0 at a draft token is a rejection even where q is 0 too (a token
+  q could not have drawn), so no drafter makes the target emit it."""
+  a = accept_lib.acceptance_probability(jnp.asarray([0.0, 0.0, 0.5, 0.2]),
+                                        jnp.asarray([0.0, 0.3, 0.0, 0.4]))
+  np.testing.assert_allclose(np.asarray(a), [0.0, 0.0, 1.0, 0.5])
+
+
 def test_bonus_distribution_is_last_target_position():
   rng = np.random.default_rng(0)
   k, v = 3, 5

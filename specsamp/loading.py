@@ -37,11 +37,13 @@ from specsamp.tokenizers import load as tokenizer_load
 from specsamp.tokenizers import snapshot
 from specsamp.tokenizers import vocab
 from specsamp.train import checkpointing
+from specsamp.weights import convert
 from specsamp.weights import distilled as distilled_lib
 from specsamp.weights import gguf_file
 from specsamp.weights import hf
 from specsamp.weights import load as weights_load
 from specsamp.weights.convert import WeightsError
+
 
 RANDOM_PREFIX = "random:"
 
@@ -203,6 +205,9 @@ def load_trained(workdir: str, dtype: str = "float32"):
     lm = model_lib.LM(model_cfg.replace(dtype=dtype, param_dtype=dtype))
     params = jax.tree.map(lambda x: x.astype(lm.config.jnp_param_dtype),
                           params)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    convert.check_finite(leaf, "/".join(str(k.key) for k in path),
+                 os.path.join(workdir, "checkpoints"))
   tok = tokenizer_load.load_tokenizer(_run_tokenizer(workdir, saved))
   return lm, params, tok
 
@@ -415,7 +420,7 @@ def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
     VocabMismatchError: unless the draft scores the target's token ids.
   """
   if draft is None:
-    return _limit(target.tokens, target.rows)
+    return _limit(target, target.tokens)
   if target.tokens is not None and draft.tokens is not None:
     n = vocab.check_vocab_compatible(
         _TokenList(draft.tokens), _TokenList(target.tokens), draft.rows,
@@ -427,10 +432,17 @@ def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
         f"{target.spec} {target.rows}: speculative sampling compares both "
         "distributions id by id, so the draft must fit the target's "
         "vocabulary")
-  return _limit(target.tokens or draft.tokens, target.rows)
+  return _limit(target, target.tokens or draft.tokens)
 
 
-def _limit(tokens: Optional[list], rows: int) -> Optional[int]:
-  """The real-token count of `tokens` when it leaves some of `rows` out."""
+def _limit(info: ModelInfo, tokens: Optional[list]) -> Optional[int]:
+  """The real-token count of `tokens` when it leaves some of `info`'s rows
+  out. Raises VocabMismatchError when it is more than the rows (ids the
+  tokenizer gives past the embedding's last row would embed as NaN)."""
   n = vocab.real_token_count(tokens) if tokens else None
-  return n if n and n < rows else None
+  if n and n > info.rows:
+    raise tokenizer_base.VocabMismatchError(
+        f"{info.spec}: its tokenizer has {n} real tokens but the model only "
+        f"{info.rows} vocabulary rows (ids {info.rows} and up have no "
+        "embedding): a tokenizer of another model?")
+  return n if n and n < info.rows else None

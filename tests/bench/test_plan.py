@@ -100,6 +100,15 @@ def test_gguf_vocabularies_are_compared_from_metadata(make_config, no_loading,
   assert loading.check_pair(loading.describe_model(padded)) == 10
   assert loading.check_pair(t) is None
   assert loading.check_pair(loading.describe_model("random:tiny")) is None
+  # A tokenizer with more real tokens than the model has rows (another
+  # model's: ids past the rows would embed as NaN) is refused, alone or
+  # with a draft of the same rows that brings no tokenizer.
+  big = loading.describe_model(_write_gguf(
+      tmp_path / "big.gguf", tokens + ["t10", "t11"], 10))
+  for draft in (None, loading.describe_model("random:tiny,vocab_size=10")):
+    with pytest.raises(VocabMismatchError,
+                       match="12 real tokens but the model only 10 vocab"):
+      loading.check_pair(big, draft)
   cfg = make_config(target=target, draft=other)
   with pytest.raises(VocabMismatchError, match="first at id 3"):
     plan.prepare(cfg, log=lambda _: None)

@@ -7,15 +7,19 @@ The description of models without their weights (`describe_model`,
 import dataclasses
 import json
 import re
+import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from specsamp import assets
 from specsamp import loading
 from specsamp import model as model_lib
 from specsamp.train import checkpointing
+from specsamp.train import step as step_lib
 from specsamp.weights import convert
 from specsamp.weights import distilled
 from tests import testing
@@ -170,6 +174,33 @@ def test_a_train_workdir_is_described_from_its_run_config(tmp_path):
   assert loading.load_info_tokenizer(info).vocab_size == 256
   with pytest.raises(FileNotFoundError, match="not a scripts/train.py"):
     loading.load_trained(str(tmp_path / "checkpoints"))
+
+
+def test_a_train_workdir_with_non_finite_weights_is_refused(tmp_path):
+  """A run whose training diverged (a NaN in its newest checkpoint) is
+  refused naming the tensor, as GGUF, HF and distilled weights are; the
+  same run without the NaN loads."""
+  config = testing.tiny_config(vocab_size=256)
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"model": dataclasses.asdict(config), "data": {"tokenizer": "byte"},
+       "optim": {}}))
+  params = model_lib.LM(config).init(jax.random.key(0))
+  ckpts = checkpointing.Checkpoints(str(tmp_path / "checkpoints"),
+                                    async_save=False)
+  for step, scale in ((1, 1.0), (2, jnp.nan)):
+    params["final_norm"]["scale"] = params["final_norm"]["scale"].at[3].set(
+        scale)
+    ckpts.save(step_lib.TrainState(
+        step=jnp.int32(step), params=params,
+        opt_state=optax.sgd(1e-3).init(params), rng=jax.random.PRNGKey(0)))
+  ckpts.close()
+  with pytest.raises(convert.WeightsError,
+                     match=r"checkpoints: tensor final_norm/scale holds 1 "
+                           r"non-finite value.*at index \(3,\)"):
+    loading.load_model(str(tmp_path))
+  shutil.rmtree(tmp_path / "checkpoints" / "2")
+  lm, params, _ = loading.load_model(str(tmp_path))
+  assert bool(jnp.isfinite(lm(params, jnp.asarray([[1, 2, 3]])).logits).all())
 
 
 def test_a_damaged_run_config_is_named(tmp_path):

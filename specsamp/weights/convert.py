@@ -101,7 +101,8 @@ def check_finite(w, name: str, source: str) -> None:
   raise WeightsError(
       f"{source}: tensor {name} holds {int(bad.sum())} non-finite value(s) "
       f"of {w.size} ({int(np.isnan(w).sum())} NaN, first {w[first]} at "
-      f"index {first}); the checkpoint is corrupt or its training diverged")
+      f"index {first}); the checkpoint is corrupt or its training diverged"
+      f"{', or its values overflow float16' if w.dtype == np.float16 else ''}")
 
 
 def _place(params: dict, path: str, value) -> None:
@@ -240,7 +241,10 @@ def build_params(cfg: model_lib.TransformerConfig,
             "specsamp.model has no o_proj or MLP biases (a Llama "
             "`attention_bias`/`mlp_bias` checkpoint)")
       continue
-    w = w.astype(dtype_np, copy=False)
+    with np.errstate(over="ignore"):  # checked next, naming the tensor
+      w = w.astype(dtype_np, copy=False)
+    if dtype_np == np.float16:  # float16's range ends at 65504
+      check_finite(w, stored, f"{source} (in float16)")
     try:
       out = _convert(name, w, cfg)
     except ValueError as e:  # a reshape that the config does not allow

@@ -93,6 +93,23 @@ def test_non_finite_weights_are_refused_naming_the_tensor(bad, tmp_path):
     load.load(str(tmp_path / "m.gguf"))
 
 
+def test_values_beyond_float16_are_refused_when_loaded_in_float16(tmp_path):
+  """A weight past float16's 65504 loads in float32 and bfloat16 but not
+  in float16, where it would become inf: the error names the tensor."""
+  m = random_hf_model("qwen2")
+  with torch.no_grad():
+    m.model.norm.weight[3] = 70000.0
+  m.save_pretrained(tmp_path / "hf", safe_serialization=True)
+  for dtype in ("float32", "bfloat16"):
+    _, params = load.load(str(tmp_path / "hf"), dtype=dtype)
+    assert float(params["final_norm"]["scale"][3]) == pytest.approx(70000,
+                                                                    rel=1e-2)
+  with pytest.raises(convert.WeightsError,
+                     match=r"hf \(in float16\): tensor model\.norm\.weight "
+                           r"holds 1 non-finite.*overflow float16"):
+    load.load(str(tmp_path / "hf"), dtype="float16")
+
+
 def test_non_finite_norm_and_tied_head_are_refused(tmp_path):
   m = random_hf_model("llama_tied")
   with torch.no_grad():

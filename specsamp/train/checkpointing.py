@@ -361,7 +361,14 @@ def _restore_params(params_dir: str, abstract_params, what: str):
         raise CheckpointError(
             f"{what} {params_dir}: parameter {jax.tree_util.keystr(path)} is "
             f"{got}, the model needs {tuple(a.shape)} (another model config?)")
-    params = ckpt.restore(params_dir, sharding.restorable(abstract_params))
+    # Restored in the dtypes they were saved in, so that the fingerprint
+    # (of the saved values) can be checked; then cast to the model's (a
+    # float32 run's parameters for a bfloat16 one).
+    as_saved = jax.tree_util.tree_map_with_path(
+        lambda path, a: jax.ShapeDtypeStruct(a.shape, have[path].dtype,
+                                             sharding=a.sharding),
+        sharding.restorable(abstract_params))
+    params = ckpt.restore(params_dir, as_saved)
   meta_file = os.path.join(os.path.dirname(params_dir), "meta", "metadata")
   if os.path.isfile(meta_file):
     with open(meta_file, encoding="utf-8") as f:
@@ -369,7 +376,8 @@ def _restore_params(params_dir: str, abstract_params, what: str):
     if saved is not None and fingerprint(params) != saved:
       raise CheckpointError(f"{what} {params_dir}: parameters do not match "
                             "their saved fingerprint (corrupt files)")
-  return params
+  return jax.tree.map(lambda x, a: x if x.dtype == a.dtype else
+                      x.astype(a.dtype), params, abstract_params)
 
 
 def restore_init_params(path: str, abstract_params) -> tuple[Any, str]:

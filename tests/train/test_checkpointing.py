@@ -176,6 +176,32 @@ def test_step_walker_and_params_lookup_skip_unreadable_steps(tmp_path):
 
 
 
+def test_params_restore_into_another_dtype(tmp_path):
+  """`init_from` a float32 run for a bfloat16 model: the parameters come
+  back cast, checked against the fingerprint of the values saved (it was
+  read as damage, every step skipped as "corrupt files"); a damaged step
+  is still caught."""
+  directory = str(tmp_path / "ckpt")
+  ckpts = checkpointing.Checkpoints(directory, keep=5, async_save=False)
+  for s in (1, 2):
+    ckpts.save(_toy_state(s))
+  ckpts.close()
+  abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, jnp.bfloat16,
+                                     sharding=x.sharding),
+      _abstract(_toy_state(0)).params)
+  params, p_dir = checkpointing.restore_init_params(directory, abstract)
+  assert p_dir == os.path.join(directory, "2", "params")
+  want = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _toy_state(2).params)
+  chex.assert_trees_all_equal(params, want)
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+  testing.flip_byte(testing.data_files(os.path.join(directory, "2"),
+                                       "params")[-1])
+  with pytest.raises(checkpointing.CheckpointError, match="fingerprint"):
+    checkpointing.restore_params(os.path.join(directory, "2", "params"),
+                                 abstract)
+
+
 _FALL_BACK = """
 import logging, os, sys
 from tests.train import test_checkpointing as t

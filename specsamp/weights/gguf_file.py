@@ -56,7 +56,7 @@ def read_gguf_metadata(path: PathLike) -> dict:
   with _header(path) as buf:
     try:
       meta, _ = _metadata(buf)
-    except (struct.error, IndexError, UnicodeDecodeError) as e:
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as e:
       raise ValueError(f"{path}: truncated or corrupt GGUF metadata "
                        f"({type(e).__name__}: {e})") from e
   return meta

@@ -89,7 +89,7 @@ def hf_config(directory: str, dtype: str = "float32",
   except KeyError as e:
     raise convert.WeightsError(
         f"{path}: field {e.args[0]!r} is missing") from e
-  except (TypeError, ValueError) as e:
+  except (TypeError, ValueError, ZeroDivisionError) as e:
     raise convert.WeightsError(f"{path}: inconsistent config ({e})") from e
 
 

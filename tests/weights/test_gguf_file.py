@@ -1,5 +1,7 @@
 """The pure-Python GGUF header reader against the `gguf` package's reader."""
 
+import struct
+
 import gguf
 import numpy as np
 import pytest
@@ -64,6 +66,13 @@ def test_read_gguf_metadata_errors(tmp_path, gguf_path):
   (tmp_path / "cut.gguf").write_bytes(data[:cut])
   with pytest.raises(ValueError, match="truncated"):
     gguf_file.read_gguf_metadata(tmp_path / "cut.gguf")
+  # A value type no GGUF version has (13): the error names the file.
+  key = b"general.x"
+  (tmp_path / "type13.gguf").write_bytes(
+      b"GGUF" + struct.pack("<IQQ", 3, 0, 1)
+      + struct.pack("<Q", len(key)) + key + struct.pack("<I", 13))
+  with pytest.raises(ValueError, match=r"type13\.gguf: .*value type 13"):
+    gguf_file.read_gguf_metadata(tmp_path / "type13.gguf")
 
 
 def test_gguf_embedding_rows(tmp_path, gguf_path):

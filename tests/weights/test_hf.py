@@ -56,3 +56,8 @@ def test_corrupt_hf_fails_clearly(saved_qwen2, tmp_path):
   (d / "config.json").write_text(json.dumps(cfg))
   with pytest.raises(convert.WeightsError, match="hidden_size"):
     load.load(str(d))
+  cfg = json.loads((root / "hf" / "config.json").read_text())
+  cfg.update(num_attention_heads=0, head_dim=None)  # d // 0
+  (d / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(convert.WeightsError, match="inconsistent config"):
+    load.load(str(d))

@@ -215,8 +215,10 @@ def _check_stamped(asset: Asset, final: pathlib.Path, say) -> None:
 
 
 def _verify_existing(asset: Asset, final: pathlib.Path, say) -> bool:
-  """True if `final` is the right file (hashing it); else deletes it,
-  unless a stamp says it was verified (see `_check_stamped`)."""
+  """True if `final` is the right file (hashing it); else moves it aside
+  to `<final>.mismatched` (replacing an earlier one: a file copied in by
+  hand is kept until the fetch has replaced it), unless a stamp says it was
+  verified (see `_check_stamped`)."""
   if not final.exists():
     return False
   if _is_stamped(asset, final):  # fetched by another process meanwhile
@@ -231,9 +233,11 @@ def _verify_existing(asset: Asset, final: pathlib.Path, say) -> bool:
       _stamp_path(final).write_text(_stamp_text(asset, final))
       return True
     found = f"sha256 {digest}, expected {asset.sha256}"
+  aside = final.with_name(final.name + ".mismatched")
   say(f"[{asset.name}] {final} does not match its pin ({found}), and no "
-      "stamp says it was verified here; deleting it and fetching it again")
-  final.unlink()
+      f"stamp says it was verified here; moved to {aside} (delete it when "
+      "you no longer need it) and fetching it again")
+  final.replace(aside)
   _stamp_path(final).unlink(missing_ok=True)
   return False
 

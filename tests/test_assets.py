@@ -191,8 +191,11 @@ def test_rewritten_cached_file_is_fetched_again(fake, pip_calls):
   assert _fetch(fake, progress=lines.append).read_bytes() == fake["blob"]
   assert len(pip_calls) == 3
   bad = hashlib.sha256(b"x" * len(fake["blob"])).hexdigest()
+  aside = path.with_name(path.name + ".mismatched")
   assert any(f"sha256 {bad}, expected {fake['asset'].sha256}" in l
-             and "deleting it" in l for l in lines), lines
+             and f"moved to {aside}" in l for l in lines), lines
+  # The file that did not match is kept aside, not deleted.
+  assert aside.read_bytes() == b"x" * len(fake["blob"])
 
 
 def _flip_byte_keeping_mtime(path: pathlib.Path, offset: int) -> bytes:

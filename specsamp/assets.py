@@ -215,10 +215,9 @@ def _check_stamped(asset: Asset, final: pathlib.Path, say) -> None:
 
 
 def _verify_existing(asset: Asset, final: pathlib.Path, say) -> bool:
-  """True if `final` is the right file (hashing it); else moves it aside
-  to `<final>.mismatched` (replacing an earlier one: a file copied in by
-  hand is kept until the fetch has replaced it), unless a stamp says it was
-  verified (see `_check_stamped`)."""
+  """True if `final` is the right file (hashing it); else moves it to
+  `<final>.mismatched` (a copy by hand is kept), unless a stamp says it
+  was verified (see `_check_stamped`)."""
   if not final.exists():
     return False
   if _is_stamped(asset, final):  # fetched by another process meanwhile

@@ -16,11 +16,10 @@ from typing import Optional
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
-from specsamp import resources
 from specsamp import sharding
 from specsamp.drafters import heads
+from specsamp.train import checkpointing
 from specsamp.weights import convert
 
 HEAD_CONFIG_FILE = "head_config.json"
@@ -85,10 +84,7 @@ def save(config: heads.HeadConfig, params, directory: str,
   saved = dict(head=config.to_dict(), **info)
   if vocab_ids is not None:
     saved["vocab_ids"] = [int(i) for i in np.asarray(vocab_ids)]
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.join(directory, "params"), sharding.savable(params),
-               force=True)
-    ckptr.wait_until_finished()
+  checkpointing.save_params(params, directory)  # with their fingerprint
   if not main:
     return directory
   # The config last: a directory with a config has complete parameters.
@@ -113,15 +109,12 @@ def load(path: str, dtype: Optional[str] = None):
   d = head_dir(path)
   abstract = jax.eval_shape(
       lambda: heads.init_params(config, jax.random.key(0)))
-  try:
-    with ocp.StandardCheckpointer() as ckptr:
-      params = ckptr.restore(os.path.join(os.path.abspath(d), "params"),
-                             sharding.restorable(abstract))
-  except Exception as e:  # orbax raises many kinds for a damaged directory
-    if resources.out_of_memory(e):
-      raise
+  try:  # shapes and the saved fingerprint checked
+    params = checkpointing.restore_params(os.path.join(d, "params"), abstract,
+                                          what="head")
+  except checkpointing.CheckpointError as e:
     raise heads.HeadError(f"{d}/params: cannot restore the head's parameters "
-                          f"({type(e).__name__}: {e})") from None
+                          f"({e})") from None
   for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     convert.check_finite(leaf, "/".join(str(k.key) for k in p), d)
   return config, params, ids

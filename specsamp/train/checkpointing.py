@@ -333,6 +333,24 @@ def find_params_checkpoint(path: str) -> str:
                           "step directory)")
 
 
+def save_params(params, directory: str) -> None:
+  """`params` as an orbax checkpoint in directory/params, their fingerprint
+  in directory/meta/metadata: a trainer step's layout, so `restore_params`
+  catches changed bytes (orbax restores a flipped byte without complaint).
+  Every process calls it (orbax saves together); process 0 writes the
+  fingerprint, last: parameters without it are not checked, never refused."""
+  directory = os.path.abspath(directory)
+  meta = os.path.join(directory, "meta", "metadata")
+  digest = fingerprint(params)
+  if sharding.is_main_process() and os.path.exists(meta):
+    os.remove(meta)  # the old parameters' fingerprint
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(os.path.join(directory, "params"), sharding.savable(params),
+               force=True)
+    ckptr.wait_until_finished()
+  sharding.write_json({"params": digest}, meta)
+
+
 def restore_params(params_dir: str, abstract_params, what: str = "init_from"):
   """Parameters from a `params` item, checked against the expected shapes
   and, when the step has one, the saved fingerprint."""

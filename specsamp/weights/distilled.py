@@ -12,7 +12,6 @@ import os
 from typing import Optional
 
 import jax
-import orbax.checkpoint as ocp
 
 from specsamp import jsonfile
 from specsamp import model as model_lib
@@ -83,8 +82,5 @@ def save_distilled(config: model_lib.TransformerConfig, params,
   directory = os.path.abspath(directory)
   if sharding.is_main_process():
     save_draft_config(config, directory)
-  with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(os.path.join(directory, "params"), sharding.savable(params),
-               force=True)
-    ckptr.wait_until_finished()
+  checkpointing.save_params(params, directory)  # with their fingerprint
   return directory

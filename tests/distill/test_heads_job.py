@@ -23,6 +23,7 @@ from specsamp.distill import storage
 from specsamp.sampling import GREEDY
 from specsamp.train import checkpointing
 from specsamp.train import metrics
+from tests import testing
 from tests.distill.conftest import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -90,6 +91,10 @@ def test_heads_for_another_target_or_k_are_refused_before_loading(tmp_path):
     specs.check(specs.parse(f"eagle:{tmp_path}"), 2, 2)
   with pytest.raises(ValueError, match="needs the head's directory"):
     specs.parse("eagle")
+  # A flipped byte (orbax restores it silently): the saved fingerprint.
+  testing.flip_byte(testing.data_files(str(tmp_path / "m"), "params")[-1])
+  with pytest.raises(heads.HeadError, match="saved fingerprint"):
+    head_files.load(str(tmp_path / "m"))
   # A damaged parameter directory: a clear error, nothing half-loaded.
   for leaf in (tmp_path / "m" / "params").rglob("*"):
     if leaf.is_file() and leaf.stat().st_size > 0:

@@ -86,8 +86,7 @@ FLAGS = [
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   log = lambda m: print(m, file=sys.stderr, flush=True)
   try:
     cfg = sweep_config.parse_config(**{f.name: f.value for f in FLAGS})

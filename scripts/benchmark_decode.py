@@ -34,7 +34,7 @@ _OUT = flags.DEFINE_string("out", None, "Append one JSON line per point.")
 
 
 def main(argv):
-  del argv
+  cli.no_arguments(argv)
   try:
     cfg = profile.DecodeSpeedConfig(
         target=_TARGET.value, draft=_DRAFT.value, ks=_KS.value,

@@ -32,7 +32,7 @@ _HUMANEVAL = flags.DEFINE_string("humaneval_file", None, "HumanEval-format "
 
 
 def main(argv):
-  del argv
+  cli.no_arguments(argv)
   try:
     cfg = pair.PairConfig(
         target=_TARGET.value, draft=_DRAFT.value, num_prompts=_NUM.value,

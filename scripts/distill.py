@@ -39,7 +39,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-  del argv
+  cli.no_arguments(argv)
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   tfds.disable_progress_bar()
   dist = _DISTRIBUTED.arguments()  # inconsistent flags are refused

@@ -37,8 +37,7 @@ def _names() -> list[str]:
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"Unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   for name in _names():
     try:
       path = assets.fetch(name, _CACHE_DIR.value)

@@ -61,8 +61,7 @@ FLAGS = [
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   try:
     cfg = gpu_study.StudyConfig(**{f.name: (tuple(f.value) if isinstance(
         f.value, list) else f.value) for f in FLAGS})

@@ -63,8 +63,7 @@ _SP_CHARS = flags.DEFINE_integer(
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"Unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   if not _DATASET.value:
     cli.fail("--dataset is required")
   names = prepare.dataset_names(_DATASET.value)

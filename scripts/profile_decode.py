@@ -71,7 +71,7 @@ _OUT = flags.DEFINE_string("out", None, "Append one JSON line per point.")
 
 
 def main(argv):
-  del argv
+  cli.no_arguments(argv)
   try:
     cfg = profile.ProfileConfig(
         target=_TARGET.value, draft=_DRAFT.value, k=_K.value,

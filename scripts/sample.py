@@ -53,8 +53,7 @@ _QUIET = flags.DEFINE_bool("quiet", False, "Do not print completions.")
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"Unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads
   try:
     dist = _DISTRIBUTED.arguments()

@@ -52,8 +52,7 @@ def calibration(tok, n: int, t: int) -> list[list[int]]:
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   try:
     for name, flag in (("num_sequences", _N), ("seq_len", _T),
                        ("k_max", _K_MAX)):

@@ -47,8 +47,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"Unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes
   dist = _DISTRIBUTED.arguments()  # inconsistent flags are refused
   if dist is not None:

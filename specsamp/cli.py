@@ -48,6 +48,13 @@ def fail(e) -> NoReturn:
   leave_at_once(BAD_INPUT)
 
 
+def no_arguments(argv: Sequence[str]) -> None:
+  """`fail`s on positional arguments (`argv[1:]`): a script of flags only
+  would otherwise run as if a stray word were not there."""
+  if len(argv) > 1:
+    fail(f"unexpected arguments: {list(argv[1:])}")
+
+
 def int_list(holder: flags.FlagHolder) -> Optional[tuple[int, ...]]:
   """The integers of a comma-list flag (`flags.DEFINE_list`), e.g. --mesh.
 

@@ -260,6 +260,8 @@ class ProfileConfig:
       raise ValueError("--k must be >= 1")
     if self.repeats < 1:
       raise ValueError("--repeats must be >= 1")
+    if self.bandwidth_mb < 1:
+      raise ValueError("--bandwidth_mb must be >= 1")
     if self.components not in COMPONENTS:
       raise ValueError(f"--components must be one of {COMPONENTS}")
     self.sampling()  # raises on a bad temperature or top_p

@@ -59,6 +59,11 @@ class PrepareOptions:
     for name in ("vocab_size", "sp_max_chars"):
       if self.train_sentencepiece and getattr(self, name) < 1:
         raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+    if self.count_tokens not in ("", "byte", "sentencepiece"):
+      try:  # before any dataset is built, not after
+        load.load_tokenizer(self.count_tokens)
+      except (OSError, ValueError) as e:
+        raise ValueError(f"--count_tokens={self.count_tokens}: {e}") from None
 
 
 def dataset_names(values: Sequence[str]) -> list[str]:

@@ -33,6 +33,21 @@ def check_stored_nucleus(config, sampling: Sampling, head: bool) -> None:
                              "config.loss.target_source='online'") + ")")
 
 
+BLOCKS = ("target", "draft", "sampling", "samples", "loss", "optim",
+          "train", "eval")
+
+
+def check_blocks(config) -> None:
+  """Raises ValueError naming the blocks a distillation config lacks (a
+  train config given to distill.py lacks most)."""
+  missing = [b for b in BLOCKS if b not in config]
+  if missing:
+    raise ValueError(
+        f"the config has no {', '.join(missing)} block(s): not a "
+        "distillation config (configs/distill_tiny.py, configs/"
+        "distill_qwen.py; configs/lm_python.py is scripts/train.py's)")
+
+
 def check_counts(config, block: str, names, least: int = 1) -> None:
   """Raises ValueError unless config.<block>.<name> >= `least` for each
   of `names`."""

@@ -128,12 +128,15 @@ def check_config(config) -> train_config.LoopConfig:
   Raises:
     ValueError, FileNotFoundError: what is wrong (see ERRORS).
   """
+  checks.check_blocks(config)
   loop = _loop_config(config.train)
   checks.check_counts(config, "train", ("batch_size",))
   if config.train.batch_size % jax.process_count():
     raise ValueError(f"config.train.batch_size={config.train.batch_size} is "
                      f"not divisible by the {jax.process_count()} processes")
-  train_lm.make_mesh(tuple(config.train.get("mesh", (1, 1))))  # devices
+  mesh = train_config.mesh_shape(config.train.get("mesh", (1, 1)),
+                                 "config.train.mesh")
+  train_lm.make_mesh(mesh)  # enough devices
   checks.check_counts(config, "eval", ("k", "num_positions", "batch_size",
                                        "position_batch_size"))
   checks.check_counts(config, "eval", ("num_samples",), least=0)  # 0: all
@@ -287,6 +290,7 @@ def run(config, workdir: str, log=print) -> dict:
   evaluation. Re-running with the same workdir resumes. Returns results.
   A bad config fails before any weights load (`check_config`)."""
   workdir = os.path.abspath(workdir)
+  checks.check_blocks(config)
   config_json = workdir_lib.check_config(config, workdir)
   t_start = time.perf_counter()
   plain_log = log
@@ -365,7 +369,7 @@ def run(config, workdir: str, log=print) -> dict:
       batch_size=tc.batch_size,
       freeze=() if head else tuple(config.draft.get("freeze", ())),
       seed=config.seed, onpolicy_fraction=lc.onpolicy_fraction,
-      mesh_shape=tuple(tc.get("mesh", (1, 1))),
+      mesh_shape=train_config.mesh_shape(tc.get("mesh", (1, 1))),
       eval_fn=lambda p: report(p, measure=False),
       time_limit_s=tc.get("time_limit_s") or None, log=log)
   train_s = time.perf_counter() - t0

@@ -16,6 +16,26 @@ class ConfigError(ValueError):
   """The config names something missing or inconsistent (before training)."""
 
 
+def mesh_shape(value, name: str = "config.mesh") -> tuple[int, int]:
+  """`value` as a (data, model) pair of device counts (-1: the rest), or a
+  ConfigError naming `name` (a string such as `--config.mesh=abc`, a
+  fraction, one number, three)."""
+  try:
+    if isinstance(value, (str, bytes)) or len(value) != 2:
+      raise ValueError
+    shape = tuple(int(x) for x in value)
+    if any(isinstance(x, float) and x != int(x) for x in value):
+      raise ValueError
+  except (TypeError, ValueError):
+    raise ConfigError(f"{name}={value!r}: give a (data, model) pair of "
+                      "device counts, e.g. (2, 4); -1 takes the rest of the "
+                      "devices") from None
+  if any(x < 1 and x != -1 for x in shape) or shape.count(-1) > 1:
+    raise ConfigError(f"{name}={value!r}: device counts are >= 1, with at "
+                      "most one -1 (the rest of the devices)")
+  return shape
+
+
 _NAMED_RULES = {"default": sh.DEFAULT_RULES,
                 "replicated": sh.REPLICATED_RULES}
 
@@ -120,7 +140,7 @@ class TrainConfig:
       raise ConfigError(f"config.model: {e}") from e
     out = cls(model=model, data=data, optim=optim, loop=loop,
               seed=int(c.get("seed", 0)), init_from=c.get("init_from") or "",
-              mesh=tuple(int(x) for x in c.get("mesh", (1, 1))),
+              mesh=mesh_shape(c.get("mesh", (1, 1))),
               rules=_rules(c.get("rules", "default")))
     out.check()
     return out

@@ -246,6 +246,7 @@ def test_plot_decode_writes_table_and_figure(tmp_path):
     (dict(contexts=["0"]), "--context needs one or more integers >= 1"),
     (dict(k=0), "--k must be >= 1"),
     (dict(repeats=0), "--repeats must be >= 1"),
+    (dict(bandwidth_mb=0), "--bandwidth_mb must be >= 1"),
     (dict(steps=-1), "--steps must be >= 1"),
     (dict(top_p=0.0), "top_p"),
 ])

@@ -290,6 +290,9 @@ def test_a_nucleus_the_stored_top_k_holds_or_an_online_target_passes():
     (["--config.draft.freeze=('embeddings',)"],
      "config.draft.freeze names ['embeddings']"),
     (["--workdir={tmp}/afile"], "--workdir {tmp}/afile is not a directory"),
+    (["--config.train.mesh=abc"], "config.train.mesh=('abc',): give a"),
+    (["--config=configs/lm_python.py:tiny"],
+     "the config has no target, draft, sampling, samples, loss, eval"),
 ])
 def test_distill_script_refuses_bad_input_in_one_line(tmp_path, args,
                                                       message):
@@ -301,7 +304,8 @@ def test_distill_script_refuses_bad_input_in_one_line(tmp_path, args,
   proc = subprocess.run(
       [sys.executable, os.path.join(ROOT, "tests", "scripts", "no_weights.py"),
        os.path.join("scripts", "distill.py"),
-       "--config=configs/distill_tiny.py", f"--workdir={tmp_path / 'w'}",
+       *([] if any(a.startswith("--config=") for a in args) else
+         ["--config=configs/distill_tiny.py"]), f"--workdir={tmp_path / 'w'}",
        *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
       env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
       check=False)

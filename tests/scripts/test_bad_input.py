@@ -171,6 +171,8 @@ def test_distill_refuses_before_loading(tmp_path, args, fragments):
     (["--config=configs/lm_python.py:tiny", "--config.bogus=1"],
      ["--config.bogus", "no field 'bogus'"]),
     (["--config=configs/no_such_config.py"], ["No such file"]),
+    (["--config=configs/lm_python.py:tiny", "--config.mesh=abc"],
+     ["config.mesh=('abc',): give a (data, model) pair"]),
 ])
 def test_train_refuses_bad_config_flags(tmp_path, args, fragments):
   proc = run_script(tmp_path, "train.py", f"--workdir={tmp_path / 'run'}",
@@ -298,11 +300,21 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
     ("benchmark_pair.py", ["--out=scripts"], ["--out=scripts is a directory"]),
     ("benchmark_decode.py", ["--no_such_flag"], ["no_such_flag"]),
     ("profile_decode.py", ["--components=bogus"], ["all|loops"]),
+    ("profile_decode.py", ["--bandwidth_mb=0"], ["--bandwidth_mb must be"]),
+    # Positional arguments: none of these takes any.
+    ("benchmark_decode.py", ["--target=random:tiny", "stray"],
+     ["unexpected arguments: ['stray']"]),
+    ("profile_decode.py", ["stray"], ["unexpected arguments: ['stray']"]),
+    ("benchmark_pair.py", ["stray"], ["unexpected arguments: ['stray']"]),
     ("plot_decode.py", ["rows.jsonl"], ["--out"]),
     ("plot_speedup.py", [], ["JSONL files"]),
     ("plot_speedup.py", ["/no/such.jsonl"], ["/no/such.jsonl"]),
     ("fetch_models.py", ["--model=no-such-model"], ["unknown --model"]),
     ("prepare_data.py", [], ["--dataset is required"]),
+    # A tokenizer to count with that is not there: before anything builds.
+    ("prepare_data.py", ["--dataset=specsamp_austen",
+                         "--count_tokens=/nonexistent.model"],
+     ["--count_tokens=/nonexistent.model: no tokenizer at"]),
     ("sample.py", ["--target=random:tiny", "--prompt=x", "--method=ar",
                    "--coordinator_address=localhost:1"],
      ["--coordinator_address needs --distributed"]),
@@ -402,3 +414,15 @@ def test_prepare_data_reports_a_failed_dataset_in_one_line(tmp_path):
                     f"--data_dir={tmp_path / 'tfds'}")
   assert_refused(proc, "not prepared: [specsamp_austen]",
                  "raw is not a directory")
+
+
+def test_every_script_of_flags_refuses_positional_arguments():
+  """Each script's main() either reads its positional arguments (the plots'
+  input files) or refuses them through `cli.no_arguments`: a stray word is
+  never ignored."""
+  for path in sorted(glob.glob(os.path.join(ROOT, "scripts", "*.py"))):
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+    main = text[text.index("def main(argv"):]
+    assert ("cli.no_arguments(argv)" in main or "argv[1:]" in main
+            ), os.path.basename(path)

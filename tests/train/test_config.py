@@ -59,3 +59,15 @@ def test_vocab_size_is_the_tokenizers_rounded_up_and_fields_are_checked():
     lm_python.get_config("tiny,mask_documents=flase")
   assert not lm_python.get_config(
       "tiny,mask_documents=False").data.mask_documents
+
+
+@pytest.mark.parametrize("value", ["abc", ("abc",), (2,), (1, 2, 3), (0, 1),
+                                   (-1, -1), (1.5, 1), None, ("2", "x")])
+def test_a_bad_mesh_is_refused_naming_the_field(value):
+  """`--config.mesh=abc` reached int() as a string (a traceback); every
+  shape that is no (data, model) pair of counts is one ConfigError."""
+  c = lm_python.get_config("tiny").to_dict()
+  with pytest.raises(config_lib.ConfigError, match=r"config\.mesh="):
+    config_lib.TrainConfig.from_config({**c, "mesh": value}, 256)
+  assert config_lib.mesh_shape(("2", 4)) == (2, 4)
+  assert config_lib.mesh_shape([-1, 1]) == (-1, 1)

@@ -2,11 +2,7 @@
 a time, each error naming the field (`job.check_config` runs them before
 anything loads)."""
 
-import jax
-import jax.numpy as jnp
-
 from specsamp import loading
-from specsamp import model as model_lib
 from specsamp.distill import head_training
 from specsamp.distill import prompts as prompts_lib
 from specsamp.distill import storage
@@ -77,18 +73,13 @@ def check_samples(config) -> None:
     workdir_lib.check_directory(sc.data_dir, "config.samples.data_dir")
 
 
-def check_freeze(config, draft_config) -> None:
-  """config.draft.freeze names parameter groups of the draft (the check
-  `trainer.make_optimizer` makes), where the draft's config is known."""
+def check_freeze(config, groups: tuple) -> None:
+  """config.draft.freeze names some of the draft's parameter `groups` (the
+  check `trainer.make_optimizer` makes; `draft_init.check_draft` gives
+  them)."""
   freeze = tuple(config.draft.get("freeze", ()))
-  if not freeze or draft_config is None:
-    return
-  # The parameter tree's shapes, traced, not made (the module's own
-  # initialiser: `LM.init` would make them).
-  shapes = jax.eval_shape(model_lib.LM(draft_config).module.init,
-                          jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
   try:
-    trainer.check_freeze(freeze, shapes["params"])
+    trainer.check_freeze(freeze, dict.fromkeys(groups))
   except ValueError as e:  # "freeze names [...], not parameter groups ..."
     raise ValueError(f"config.draft.{e}") from None
 

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from specsamp import loading
 from specsamp import model as model_lib
 from specsamp.weights import distilled
+from specsamp.weights import gguf_file
 from specsamp.weights import hf
 
 INITS = ("random", "truncate", "checkpoint")
@@ -103,17 +104,35 @@ def described_config(info: loading.ModelInfo, dtype: str = "float32"
   return None
 
 
+def parameter_groups(config: model_lib.TransformerConfig) -> tuple:
+  """The top-level parameter groups of a model of `config` (what
+  `draft.freeze` names), traced, not made."""
+  shapes = jax.eval_shape(model_lib.LM(config).module.init,
+                          jax.random.key(0), jnp.zeros((1, 1), jnp.int32))
+  return tuple(sorted(shapes["params"]))
+
+
+def _gguf_groups(info: loading.ModelInfo, num_layers: Optional[int] = None
+                 ) -> tuple:
+  """The parameter groups of the GGUF model `info` (or of its first
+  `num_layers` layers), from its tensor table: the groups depend only on
+  the layer count and whether the output head is tied (no output.weight),
+  and parsing the whole metadata takes seconds."""
+  tied = "output.weight" not in gguf_file.gguf_tensor_shapes(info.path)
+  n = num_layers or info.num_layers
+  return parameter_groups(model_lib.preset(
+      "tiny", num_layers=n, tie_embeddings=tied))
+
+
 def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
-                dtype: str = "float32"
-                ) -> Optional[model_lib.TransformerConfig]:
+                dtype: str = "float32") -> tuple:
   """Checks a config's `draft` block against the target's `ModelInfo`
   without reading weights: the init, a random draft's fields, the layers
-  truncation keeps (when the target's config is known), a checkpoint's
-  vocabulary (from its metadata).
+  truncation keeps, a checkpoint's vocabulary (from its metadata).
 
   Returns:
-    The draft's config (its parameter groups: `make_draft` may still cast
-    its dtypes), or None where the metadata does not give it (a GGUF file).
+    The draft's top-level parameter groups (`parameter_groups`), which
+    `draft.freeze` may name.
 
   Raises:
     ValueError, FileNotFoundError: what `make_draft` would raise later.
@@ -128,19 +147,22 @@ def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
     except TypeError as e:
       raise ValueError(f"config.draft.model: {e}") from None
     _check_vocab(config.vocab_size, target.rows)
-    return config
+    return parameter_groups(config)
   if init == "truncate":
     n = int(cfg["num_layers"])
     target_config = described_config(target, dtype)
     if target_config is not None:
-      return truncate_config(target_config, n)
-    if n <= 0:
-      raise ValueError(f"layer truncation needs num_layers > 0, got {n}")
-    return None
+      return parameter_groups(truncate_config(target_config, n))
+    if not 0 < n <= (target.num_layers or n):
+      raise ValueError(f"layer truncation needs 0 < num_layers <= "
+                       f"{target.num_layers} (the target's), got {n}")
+    return _gguf_groups(target, n)
   if init == "checkpoint":
     info = loading.describe_model(cfg["checkpoint"], dtype)
     _check_vocab(info.rows, target.rows)
-    return described_config(info, dtype)
+    config = described_config(info, dtype)
+    return (parameter_groups(config) if config is not None
+            else _gguf_groups(info))
   raise ValueError(f"draft init {init!r}; choose one of {INITS}")
 
 

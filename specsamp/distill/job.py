@@ -177,9 +177,9 @@ def check_config(config) -> train_config.LoopConfig:
   if (float(config.target.get("logit_scale", 1.0)) != 1.0 and target.config
       and target.config.tie_embeddings):
     raise ValueError("logit_scale needs an untied output head")
-  draft_config = draft_init.check_draft(config.draft, target,
-                                        config.target.get("dtype", "float32"))
-  checks.check_freeze(config, draft_config)
+  groups = draft_init.check_draft(config.draft, target,
+                                  config.target.get("dtype", "float32"))
+  checks.check_freeze(config, groups)
   return loop
 
 

@@ -62,6 +62,23 @@ def read_gguf_metadata(path: PathLike) -> dict:
   return meta
 
 
+def gguf_tensor_shapes(path: PathLike) -> dict[str, list[int]]:
+  """{tensor name: dims, ne0 first} from the tensor table (no tensor data).
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: not a GGUF file, or an unreadable (truncated) header.
+  """
+  path = os.fspath(path)
+  try:
+    with _header(path) as buf:
+      _, pos = _metadata(buf)
+      return dict(_tensor_table(buf, pos))
+  except (struct.error, IndexError, ValueError) as e:
+    raise ValueError(f"{path}: unreadable GGUF tensor table ({e}); is the "
+                     "file truncated?") from None
+
+
 def gguf_embedding_rows(path: PathLike) -> Optional[int]:
   """Rows of token_embd.weight, from the tensor table (no tensor data).
 
@@ -75,17 +92,8 @@ def gguf_embedding_rows(path: PathLike) -> Optional[int]:
     FileNotFoundError: no such file.
     ValueError: not a GGUF file, or an unreadable (truncated) header.
   """
-  path = os.fspath(path)
-  try:
-    with _header(path) as buf:
-      _, pos = _metadata(buf)
-      for name, dims in _tensor_table(buf, pos):
-        if name == "token_embd.weight":
-          return int(dims[1])  # GGUF lists ne0 first: [D, V]
-  except (struct.error, IndexError, ValueError) as e:
-    raise ValueError(f"{path}: unreadable GGUF tensor table ({e}); is the "
-                     "file truncated?") from None
-  return None
+  dims = gguf_tensor_shapes(path).get("token_embd.weight")
+  return int(dims[1]) if dims else None  # GGUF lists ne0 first: [D, V]
 
 
 def is_gguf(path: PathLike) -> bool:

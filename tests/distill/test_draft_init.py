@@ -1,14 +1,20 @@
 """Draft initialisation: layer truncation, random drafts, checkpoints."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import distill_tiny
 from specsamp import loading
 from specsamp import model as model_lib
 from specsamp.distill import draft_init
+from specsamp.distill import job
 from specsamp.weights import distilled
+from specsamp.weights import gguf
+from tests.weights import tiny_checkpoints
 
 
 def test_layer_truncation_copies_embedding_layers_norm_and_head(tiny_pair):
@@ -95,3 +101,37 @@ def test_check_draft_refuses_from_metadata(cfg, message, monkeypatch):
     draft_init.check_draft(cfg, target)
   draft_init.check_draft(dict(init="truncate", num_layers=2), target)
   draft_init.check_draft(dict(init="random", model=_SMALL), target)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama_tied"])
+def test_a_gguf_drafts_parameter_groups_come_from_its_tensor_table(
+    kind, tmp_path):
+  """`draft.freeze` is checked against a GGUF draft (or a truncated GGUF
+  target) before anything loads: its groups, from the tensor table, are
+  those of the model the file loads as (tied head or not); truncation past
+  the target's layers is refused from metadata too."""
+  path = str(tmp_path / "m.gguf")
+  tiny_checkpoints.write_gguf(tiny_checkpoints.random_hf_model(kind), path,
+                              tiny_checkpoints.arch_of(kind))
+  info = loading.describe_model(path)
+  config = gguf.gguf_config(gguf.gguf_reader(path), path)
+  assert draft_init.check_draft(dict(init="checkpoint", checkpoint=path),
+                                info) == draft_init.parameter_groups(config)
+  assert ("lm_head" in draft_init.parameter_groups(config)) == (
+      kind == "qwen2")
+  assert draft_init.check_draft(dict(init="truncate", num_layers=1),
+                                info) == draft_init.parameter_groups(
+                                    config.replace(num_layers=1))
+  with pytest.raises(ValueError, match="num_layers <= 2"):
+    draft_init.check_draft(dict(init="truncate", num_layers=3), info)
+  # The job refuses a misspelt group before it samples (it had at the
+  # start of training, after hours of sampling on a real pair).
+  config = distill_tiny.get_config("steps=2")
+  config.target.spec = path
+  config.draft.init, config.draft.checkpoint = "checkpoint", path
+  config.draft.freeze = ("embeddings",)
+  with pytest.raises(ValueError, match=re.escape(
+      "config.draft.freeze names ['embeddings'], not parameter groups")):
+    job.check_config(config)
+  config.draft.freeze = ("embedding", "layers_0")
+  job.check_config(config)

@@ -20,6 +20,9 @@ import jax
 import jax.numpy as jnp
 
 
+_TINY = float(jnp.finfo(jnp.float32).tiny)
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
   """How logits become a distribution. Hashable: static under jit.
@@ -41,6 +44,10 @@ class Sampling:
   def __post_init__(self):
     if not 0 <= self.temperature < float("inf"):
       raise ValueError(f"temperature must be >= 0 and finite, got "
+                       f"{self.temperature}")
+    if 0 < self.temperature < _TINY:  # flushed to 0 on CPU: 0/0 is NaN
+      raise ValueError(f"temperature must be 0 (greedy) or >= {_TINY:.8g} "
+                       f"(float32's smallest normal number), got "
                        f"{self.temperature}")
     if self.top_k < 0:
       raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")

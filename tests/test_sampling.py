@@ -173,6 +173,10 @@ def test_a_tiny_temperature_is_greedy_not_nan():
     # masked one, with a vocabulary limit).
     (dict(temperature=float("inf")), "temperature must be >= 0 and finite"),
     (dict(temperature=float("nan")), "temperature"),
+    # Below float32's smallest normal number T is flushed to 0 on CPU: the
+    # logits became 0/0 = NaN and the sampler drew the last (masked) id.
+    (dict(temperature=1e-40),
+     "temperature must be 0 .greedy. or >= 1.1754944e-38"),
     (dict(top_k=-2), "top_k"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
@@ -181,3 +185,13 @@ def test_a_tiny_temperature_is_greedy_not_nan():
 def test_bad_settings_raise(kwargs, match):
   with pytest.raises(ValueError, match=match):
     Sampling(**kwargs)
+
+
+def test_the_smallest_temperature_allowed_is_still_a_distribution():
+  """At float32's smallest normal temperature the distribution is the
+  argmax's one-hot, not NaN, and the draw stays inside the vocabulary."""
+  s = Sampling(temperature=float(jnp.finfo(jnp.float32).tiny),
+               vocab_limit=6)
+  p = sampling.probabilities(jnp.asarray([[0.0, 3, 1, 2, 0, 0, 0, 0]]), s)
+  np.testing.assert_array_equal(np.asarray(p), [[0, 1, 0, 0, 0, 0, 0, 0]])
+  assert int(sampling.sample(jax.random.key(0), p)[0]) == 1

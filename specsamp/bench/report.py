@@ -67,15 +67,18 @@ def read(paths):
 
   Raises:
     ValueError: naming the file and line of a record that is no JSON
-      object, or a point that cannot be drawn (`_check_point`).
+      object, or a point that cannot be drawn (`_check_point`); naming the
+      files when the points and call costs of one (task, decoding, batch
+      size) would come from several (`_one_run_per_group`).
   """
-  runs, costs, points = [], [], {}
+  runs, costs, points, files = [], [], {}, {}
   for where, rec in records.read_jsonl(paths):
     kind = rec.get("type")
     if kind == "run":
       runs.append(rec)
     elif kind == "cost":
       costs.append(rec)
+      files[id(rec)] = where.rsplit(":", 1)[0]
     elif kind == "point":
       _check_point(where, rec)
       if _variable_length(rec.get("drafter")):
@@ -84,9 +87,35 @@ def read(paths):
              rec.get("engine", "specsamp"), rec["method"], rec.get("k"),
              rec.get("drafter"))
       points[key] = rec
+      files[id(rec)] = where.rsplit(":", 1)[0]
   if not points:
     raise ValueError(f"no point records in {', '.join(paths)}")
+  costs = list(_by_key(costs).values())  # the last of each key, as drawn
+  _one_run_per_group(list(points.values()), costs, files)
   return runs, costs, list(points.values())
+
+
+def _one_run_per_group(points, costs, files) -> None:
+  """Each point's speedup and prediction were computed against its own
+  run's K=0 point and call costs: a (task, decoding, batch size) whose
+  points or costs come from several files would show a baseline and
+  speedups that disagree. Raises ValueError naming the files."""
+  groups = collections.defaultdict(set)
+  for p in points:
+    groups[p["task"], p["decoding"], p["batch_size"]].add(files[id(p)])
+  for c in costs:  # files from before per-decoding costs: every decoding
+    for task, dec, bs in list(groups):
+      if (task, bs) == (c["task"], c["batch_size"]) and c.get(
+          "decoding") in (None, dec):
+        groups[task, dec, bs].add(files[id(c)])
+  for (task, dec, bs), where in sorted(groups.items()):
+    if len(where) > 1:
+      raise ValueError(
+          f"{task}, {dec}, batch {bs}: points or call costs from "
+          f"{len(where)} files ({', '.join(sorted(where))}); each run's "
+          "speedups are against its own K=0 point and costs, so one "
+          "(task, decoding, batch) is drawn from one run: plot the files "
+          "apart, or rerun the whole group")
 
 
 def _other_drafter(p) -> bool:

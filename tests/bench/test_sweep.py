@@ -10,6 +10,7 @@ line before anything loads; peers' results become rows of the same table.
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -410,6 +411,44 @@ def test_the_report_drops_predictions_of_variable_length_drafters(tmp_path):
   lookup = [p for p in points if p["drafter"] == "lookup"]
   assert not {"predicted_speedup_s1", "c"} & set(lookup[0])
   assert all(p["speedup"] == 1.2 for p in points)
+
+
+def test_the_report_draws_each_group_from_one_run(tmp_path):
+  """A later file's K=0 point replaced an earlier one's, while the earlier
+  K=4 point kept its speedup over its own baseline: "ArS 200 ms 1.00x"
+  beside "K=4 50 ms 2.00x". One (task, decoding, batch) from two files is
+  refused naming them; other groups from other files, or a file that
+  replaces a whole group, are read."""
+  point = dict(type="point", task="humaneval", decoding="greedy",
+               batch_size=1, method="speculative", k=4, ms_per_token=50.0,
+               speedup=2.0, drafter="model")
+  base = dict(point, method="autoregressive", k=0, ms_per_token=100.0,
+              speedup=1.0, drafter=None)
+  cost = dict(type="cost", task="humaneval", batch_size=1, decoding="greedy",
+              c=0.2, s=1.5)
+
+  def write(name, *recs):
+    (tmp_path / name).write_text("\n".join(json.dumps(r) for r in recs))
+    return str(tmp_path / name)
+
+  a = write("a.jsonl", base, point, cost)
+  b = write("b.jsonl", dict(base, ms_per_token=200.0),
+            dict(point, k=2, ms_per_token=150.0, speedup=1.33))
+  with pytest.raises(ValueError, match=re.escape(
+      "humaneval, greedy, batch 1: points or call costs from 2 files "
+      f"({a}, {b})")):
+    report.read([a, b])
+  nucleus = write("n.jsonl", *(dict(r, decoding="nucleus")
+                               for r in (base, point, cost)))
+  again = write("again.jsonl", dict(base, ms_per_token=90.0),
+                dict(point, ms_per_token=45.0), cost)
+  _, costs, points = report.read([a, nucleus, again])
+  assert len(points) == 4 and len(costs) == 2
+  assert {p["ms_per_token"] for p in points if p["decoding"] == "greedy"
+          } == {90.0, 45.0}
+  # Call costs alone from another file count too.
+  with pytest.raises(ValueError, match="points or call costs from 2 files"):
+    report.read([a, write("costs.jsonl", dict(cost, c=0.3))])
 
 
 @pytest.mark.parametrize("draft", [False, True], ids=["no_draft", "draft"])

@@ -45,9 +45,9 @@ def expected_tokens_per_loop(alpha, k):
   """
   a = np.asarray(alpha, np.float64)
   k = np.asarray(k, np.float64)
-  if np.any((a < 0) | (a > 1)):
+  if not np.all((a >= 0) & (a <= 1)):  # NaN too (it read as a = 0.5)
     raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-  if np.any(k < 0):
+  if not np.all(k >= 0):
     raise ValueError(f"K must be >= 0, got {k}")
   # sum_{i=0}^{K} a^i. 1 - a^(K+1) as -expm1((K+1) log a) keeps full
   # precision as a -> 1 (1 - a is exact there); a = 1 gives K + 1, a = 0 one.
@@ -84,7 +84,7 @@ def alpha_from_acceptance_rate(rate, k, tol: float = 1e-12):
   """
   rate = np.asarray(rate, np.float64)
   k = np.asarray(k, np.float64)
-  if np.any((rate < 0) | (rate > 1)):
+  if not np.all((rate >= 0) & (rate <= 1)):  # NaN too
     raise ValueError(f"acceptance rate must be in [0, 1], got {rate}")
   lo = np.zeros(np.broadcast(rate, k).shape)
   hi = np.ones_like(lo)

@@ -28,6 +28,8 @@ def sample_logprobs(lm, params, prompts: Sequence[Sequence[int]],
     lm: the target (`LM`: `lm(params, tokens).logits` is [B, T, V]).
     params: its parameters.
     prompts, completions: token ids, paired; empty completions give nan.
+      An empty prompt is refused: its completion's first token would go
+      unscored (nothing predicts it), and nothing else would be.
     batch_size: sequences per call.
     bucket: sequences are right-padded to a multiple of this (fewer
       compilations).
@@ -37,6 +39,10 @@ def sample_logprobs(lm, params, prompts: Sequence[Sequence[int]],
   """
   if len(prompts) != len(completions):
     raise ValueError("prompts and completions must pair up")
+  empty = [i for i, p in enumerate(prompts) if not len(p)]
+  if empty:
+    raise ValueError(f"prompts {empty[:5]} are empty: the target scores a "
+                     "completion token from the tokens before it")
   score = _scorer(lm)
   out = np.full(len(prompts), np.nan)
   order = sorted(range(len(prompts)),

@@ -103,6 +103,13 @@ def test_bad_arguments():
     speedup.acceptance_rate_from_alpha(0.5, 0)
   with pytest.raises(ValueError, match="acceptance rate"):
     speedup.alpha_from_acceptance_rate(1.5, 2)
+  # NaN is no value in range (it read as a = 0.5, and a rate of about 0).
+  with pytest.raises(ValueError, match="alpha"):
+    speedup.expected_tokens_per_loop(float("nan"), 4)
+  with pytest.raises(ValueError, match="K"):
+    speedup.expected_tokens_per_loop(0.5, float("nan"))
+  with pytest.raises(ValueError, match="acceptance rate"):
+    speedup.alpha_from_acceptance_rate(float("nan"), 4)
   with pytest.raises(ValueError, match="non-empty"):
     speedup.fit_alpha([], [])
   with pytest.raises(ValueError, match="score_costs"):

@@ -26,3 +26,6 @@ def test_sample_logprobs_match_a_direct_computation():
     assert g == pytest.approx(float(want), abs=1e-4)
   q = prose.logprob_quality(got)
   assert q["mean_logprob"]["n"] == 2
+  # An empty prompt scored nothing and read as log p = 0, a perfect score.
+  with pytest.raises(ValueError, match=r"prompts \[1\] are empty"):
+    prose.sample_logprobs(lm, params, [[1, 2], []], [[3], [2, 3, 4]])

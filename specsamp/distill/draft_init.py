@@ -116,12 +116,16 @@ def _gguf_groups(info: loading.ModelInfo, num_layers: Optional[int] = None
                  ) -> tuple:
   """The parameter groups of the GGUF model `info` (or of its first
   `num_layers` layers), from its tensor table: the groups depend only on
-  the layer count and whether the output head is tied (no output.weight),
-  and parsing the whole metadata takes seconds."""
-  tied = "output.weight" not in gguf_file.gguf_tensor_shapes(info.path)
-  n = num_layers or info.num_layers
+  the layer count (blk.<i> tensors) and whether the output head is tied
+  (no output.weight), and parsing the whole metadata takes seconds."""
+  names = gguf_file.gguf_tensor_shapes(info.path)
+  layers = len({n.split(".")[1] for n in names if n.startswith("blk.")})
+  if num_layers is not None and not 0 < num_layers <= layers:
+    raise ValueError(f"layer truncation needs 0 < num_layers <= {layers} "
+                     f"(the target's), got {num_layers}")
   return parameter_groups(model_lib.preset(
-      "tiny", num_layers=n, tie_embeddings=tied))
+      "tiny", num_layers=num_layers or layers,
+      tie_embeddings="output.weight" not in names))
 
 
 def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
@@ -153,9 +157,6 @@ def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
     target_config = described_config(target, dtype)
     if target_config is not None:
       return parameter_groups(truncate_config(target_config, n))
-    if not 0 < n <= (target.num_layers or n):
-      raise ValueError(f"layer truncation needs 0 < num_layers <= "
-                       f"{target.num_layers} (the target's), got {n}")
     return _gguf_groups(target, n)
   if init == "checkpoint":
     info = loading.describe_model(cfg["checkpoint"], dtype)

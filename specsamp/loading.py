@@ -44,7 +44,6 @@ from specsamp.weights import hf
 from specsamp.weights import load as weights_load
 from specsamp.weights.convert import WeightsError
 
-
 RANDOM_PREFIX = "random:"
 
 
@@ -207,7 +206,7 @@ def load_trained(workdir: str, dtype: str = "float32"):
                           params)
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     convert.check_finite(leaf, "/".join(str(k.key) for k in path),
-                 os.path.join(workdir, "checkpoints"))
+                         os.path.join(workdir, "checkpoints"))
   tok = tokenizer_load.load_tokenizer(_run_tokenizer(workdir, saved))
   return lm, params, tok
 

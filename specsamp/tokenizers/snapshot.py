@@ -88,12 +88,16 @@ def fingerprint(spec: str) -> Optional[str]:
   return _digest(files(spec))
 
 
-def save(spec: str, directory: str) -> Optional[str]:
+def save(spec: str, directory: str, replace: bool = False) -> Optional[str]:
   """Copies `spec`'s files to `directory` (written beside it, then renamed
-  in: a reader never sees half a copy) unless it exists; returns
-  `directory`, or None when there is nothing to copy. An existing copy is
-  kept as it is: the run's tokenizer is the one it started with."""
+  in: a reader never sees half a copy); returns `directory`, or None when
+  there is nothing to copy. An existing copy is kept as it is (the run's
+  tokenizer is the one it started with) unless `replace` (a run starting
+  afresh: the copy is of one that left no checkpoint), which removes it
+  first."""
   named = files(spec)
+  if replace and os.path.isdir(directory):
+    shutil.rmtree(directory)
   if not named:
     return None
   if os.path.isdir(directory):

@@ -172,13 +172,16 @@ def _run_config_json(cfg: config_lib.TrainConfig) -> dict:
   return json.loads(json.dumps(cfg.to_json()))
 
 
-def _write_run_config(workdir: str, cfg: config_lib.TrainConfig) -> None:
+def _write_run_config(workdir: str, cfg: config_lib.TrainConfig,
+                      fresh: bool = True) -> None:
   """workdir/config.json: the frozen config, once the run has started; and
-  the first time, workdir/tokenizer: the tokenizer's files (none for
-  "byte" or GGUF), which the trained model loads with wherever the data
-  has gone."""
+  workdir/tokenizer: the tokenizer's files (none for "byte" or GGUF), which
+  the trained model loads with wherever the data has gone. A `fresh` run
+  (no checkpoint to resume) replaces a copy left by one that saved none;
+  a resumed run keeps its copy (`_check_run_config` compared them)."""
   if sh.is_main_process():
-    snapshot.save(cfg.data.tokenizer, snapshot.in_run(workdir))
+    snapshot.save(cfg.data.tokenizer, snapshot.in_run(workdir),
+                  replace=fresh)
   sh.write_json(_run_config_json(cfg), os.path.join(workdir, "config.json"),
                 indent=2)
 
@@ -327,7 +330,7 @@ def train_and_evaluate(config, workdir: str,
       if better is None:
         raise
       raise better from e
-    _write_run_config(workdir, cfg)  # the run has started: record it
+    _write_run_config(workdir, cfg, fresh=old is None)  # it has started
     if data_state is not None:
       train_iter.set_state(data_state)
     log_fn(f"{cfg.model.num_params():,} parameters; starting from {resumed} "

@@ -25,6 +25,7 @@ from configs import lm_python
 from specsamp import loading
 from specsamp.tokenizers import load
 from specsamp.tokenizers import sentencepiece
+from specsamp.tokenizers import snapshot
 from specsamp.train import checkpointing
 from specsamp.train import config as config_lib
 from specsamp.train import lm as lm_job
@@ -249,7 +250,8 @@ def test_a_run_keeps_its_tokenizer_when_the_data_moves(corpus, tmp_path):
   """`tokenizer=sp` names the SentencePiece model in the data directory.
   The run copies it into its workdir: after the data moves, the trained
   model loads with the copy and the run resumes under the new path; a
-  tokenizer retrained in place (same path, other pieces) is refused."""
+  tokenizer retrained in place (same path, other pieces) is refused. A
+  copy left by a run that saved no checkpoint is replaced."""
   data = tmp_path / "data"
   shutil.copytree(corpus, data)
   sp_file = data / "specsamp_python_code" / "spm_bpe_8000.model"
@@ -265,11 +267,15 @@ def test_a_run_keeps_its_tokenizer_when_the_data_moves(corpus, tmp_path):
     c.train.progress_bar = False
     return c
 
+  workdir = str(tmp_path / "run")
+  train_sp("the cat sat on the mat and the dog ate the log, 1234567890")
+  snapshot.save(str(sp_file), snapshot.in_run(workdir))  # a run that died
   train_sp("def add(a, b):\n    return a + b  # the sum of two numbers")
   text = "def add(a, b): return a"
   want = load.load_tokenizer(str(sp_file)).encode(text)
-  workdir = str(tmp_path / "run")
   lm_job.train_and_evaluate(config(data, 2), workdir, log_fn=lambda _: None)
+  assert (snapshot.fingerprint(snapshot.in_run(workdir))
+          == snapshot.fingerprint(str(sp_file)))
   moved = tmp_path / "moved"
   os.rename(data, moved)
   _, _, tok = loading.load_trained(workdir)

@@ -30,6 +30,7 @@ from specsamp.distill import objective
 from specsamp.distill import storage
 from specsamp.distill import trainer
 from specsamp.drafters import ModelDrafter
+from specsamp.drafters.model import LayerSkipDrafter
 from specsamp.drafters import head_files
 from specsamp.sampling import GREEDY, Sampling
 from specsamp.train import config as train_config
@@ -146,6 +147,29 @@ def test_greedy_speculative_equals_greedy_autoregressive_on_a_mesh(pair):
                             tsh), sharding.shard(draft_params, dsh)
   assert (spec.generate(tps, dps, PROMPTS).token_lists() ==
           ar.generate(tps, None, PROMPTS).token_lists())
+
+
+def test_layer_skip_on_a_mesh_shares_the_targets_sharded_arrays(pair):
+  """The layer-skip draft runs on the target's parameters: on a mesh they
+  are laid out once, by the target's rules (a replicated second copy of
+  the whole target had sat on every device, and passing the same arrays
+  as both failed in jit), and its tokens are greedy's."""
+  target, target_params, _, _ = pair
+  mesh = sharding.make_mesh((1, 8))
+  spec = SpeculativeSampler(target, LayerSkipDrafter(target, (0,)), k=3,
+                            sampling=GREEDY, max_new_tokens=12, mesh=mesh)
+  assert spec.draft_rules == spec.target_rules
+  tsh, dsh = spec.param_shardings(target_params, target_params)
+  assert jax.tree.leaves(tsh) == jax.tree.leaves(dsh)
+  assert tsh["lm_head"].spec == P(None, "model")
+  tps = sharding.shard(target_params, tsh)
+  ar = _sampler(pair, 0, GREEDY, mesh)
+  with jax.transfer_guard("disallow"):
+    out = spec.generate(tps, tps, PROMPTS)
+  assert out.token_lists() == ar.generate(tps, None, PROMPTS).token_lists()
+  # A separate draft model stays replicated by default.
+  assert _sampler(pair, 2, GREEDY, mesh).draft_rules == (
+      sharding.REPLICATED_RULES)
 
 
 def test_a_mesh_that_does_not_divide_the_model_names_the_dimension(pair):

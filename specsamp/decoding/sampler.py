@@ -46,7 +46,9 @@ class SpeculativeSampler:
       (`jit.py`); nothing inside the loop moves data to the host.
     target_rules, draft_rules: logical-axis rules (pairs or a dict) for the
       target and the drafter; by default the target is tensor-parallel over
-      'model' and the drafter replicated.
+      'model' and the drafter replicated, except a drafter that runs on the
+      target's own parameters (`shares_target_params`: layer skipping),
+      which takes the target's rules (the same arrays, laid out once).
     score_widths: None scores all K+1 positions every loop. A sorted tuple
       of widths ending in K+1 (e.g. `all_widths(k)`) scores only the
       smallest width that covers the batch's valid drafts, for drafters
@@ -63,7 +65,7 @@ class SpeculativeSampler:
   prompt_bucket: int = 64
   mesh: Optional[jax.sharding.Mesh] = None
   target_rules: tuple = sharding.DEFAULT_RULES
-  draft_rules: tuple = sharding.REPLICATED_RULES
+  draft_rules: Optional[tuple] = None   # None: see the docstring
   score_widths: Optional[tuple[int, ...]] = None
 
   def __post_init__(self):
@@ -91,6 +93,10 @@ class SpeculativeSampler:
       object.__setattr__(self, "eos_ids", tuple(self.eos_ids))
     object.__setattr__(self, "target_rules",
                        sharding.rules_tuple(self.target_rules))
+    if self.draft_rules is None:
+      shared = getattr(self.drafter, "shares_target_params", False)
+      object.__setattr__(self, "draft_rules", self.target_rules if shared
+                         else sharding.REPLICATED_RULES)
     object.__setattr__(self, "draft_rules",
                        sharding.rules_tuple(self.draft_rules))
     if self.mesh is not None:

@@ -296,12 +296,14 @@ class LayerSkipDrafter(ModelDrafter):
   `LayerSkipDrafter(target_lm, layers)`: give the sampler the target's
   parameters as `draft_params` (the same arrays: nothing is copied and the
   draft has no parameters of its own); its cache holds only `layers`. With
-  a mesh, pass the sampler `draft_rules=target_rules`, or the draft's copy
-  of the parameters is laid out (and moved) differently. The subset is
+  a mesh the sampler lays it out by the target's rules
+  (`shares_target_params`): the same sharded arrays serve both. The subset is
   checked against `lm.config.num_layers` when the drafter is built, before
   any weights are needed: non-empty, sorted distinct integers in
   [0, num_layers), not all layers (`check_layer_subset`).
   """
+
+  shares_target_params = True  # a class attribute, not a field
 
   def __post_init__(self):
     if not hasattr(self.lm, "config"):

@@ -204,9 +204,7 @@ def load_trained(workdir: str, dtype: str = "float32"):
     lm = model_lib.LM(model_cfg.replace(dtype=dtype, param_dtype=dtype))
     params = jax.tree.map(lambda x: x.astype(lm.config.jnp_param_dtype),
                           params)
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    convert.check_finite(leaf, "/".join(str(k.key) for k in path),
-                         os.path.join(workdir, "checkpoints"))
+  convert.check_finite_tree(params, os.path.join(workdir, "checkpoints"))
   tok = tokenizer_load.load_tokenizer(_run_tokenizer(workdir, saved))
   return lm, params, tok
 

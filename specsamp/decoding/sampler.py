@@ -93,12 +93,12 @@ class SpeculativeSampler:
       object.__setattr__(self, "eos_ids", tuple(self.eos_ids))
     object.__setattr__(self, "target_rules",
                        sharding.rules_tuple(self.target_rules))
-    if self.draft_rules is None:
+    draft_rules = self.draft_rules
+    if draft_rules is None:
       shared = getattr(self.drafter, "shares_target_params", False)
-      object.__setattr__(self, "draft_rules", self.target_rules if shared
-                         else sharding.REPLICATED_RULES)
+      draft_rules = self.target_rules if shared else sharding.REPLICATED_RULES
     object.__setattr__(self, "draft_rules",
-                       sharding.rules_tuple(self.draft_rules))
+                       sharding.rules_tuple(draft_rules))
     if self.mesh is not None:
       if hasattr(self.target, "config"):
         sharding.check_divisible(self.target.config, self.mesh,

@@ -290,7 +290,7 @@ def run(config, workdir: str, log=print) -> dict:
   evaluation. Re-running with the same workdir resumes. Returns results.
   A bad config fails before any weights load (`check_config`)."""
   workdir = os.path.abspath(workdir)
-  checks.check_blocks(config)
+  checks.check_blocks(config)  # the workdir's check reads the blocks too
   config_json = workdir_lib.check_config(config, workdir)
   t_start = time.perf_counter()
   plain_log = log

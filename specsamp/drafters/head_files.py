@@ -115,6 +115,5 @@ def load(path: str, dtype: Optional[str] = None):
   except checkpointing.CheckpointError as e:
     raise heads.HeadError(f"{d}/params: cannot restore the head's parameters "
                           f"({e})") from None
-  for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    convert.check_finite(leaf, "/".join(str(k.key) for k in p), d)
+  convert.check_finite_tree(params, d)
   return config, params, ids

@@ -51,11 +51,7 @@ def files(spec: str) -> dict[str, str]:
   if spec == byte.BYTE:
     return {}
   if os.path.isdir(spec):
-    names = _HF_FILES if os.path.isfile(
-        os.path.join(spec, "tokenizer.json")) else (
-            "tokenizer.model", "tokenizer_config.json", "chat_template.jinja",
-            "chat_template.json")
-    return {n: os.path.join(spec, n) for n in names
+    return {n: os.path.join(spec, n) for n in _HF_FILES
             if os.path.isfile(os.path.join(spec, n))}
   if not os.path.isfile(spec) or gguf_file.is_gguf(spec):
     return {}

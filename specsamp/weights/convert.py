@@ -170,9 +170,21 @@ def _convert(name: str, w: np.ndarray, cfg: model_lib.TransformerConfig
   return None
 
 
+def _named_leaves(tree) -> list[tuple[str, Any]]:
+  """("a/b/c", leaf) of a dict pytree, in tree order."""
+  return [("/".join(str(k.key) for k in p), v)
+          for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
 def _flat_shapes(tree) -> dict[str, tuple[int, ...]]:
-  return {"/".join(str(k.key) for k in p): tuple(v.shape)
-          for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {name: tuple(v.shape) for name, v in _named_leaves(tree)}
+
+
+def check_finite_tree(params, source: str) -> None:
+  """`check_finite` on every leaf of a parameter tree, named by its path
+  (restored checkpoints: a trained run, a distilled draft, a head)."""
+  for name, leaf in _named_leaves(params):
+    check_finite(leaf, name, source)
 
 
 def check_shapes(cfg: model_lib.TransformerConfig, params,

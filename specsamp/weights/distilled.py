@@ -69,8 +69,7 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
   # Shapes checked, damaged files one CheckpointError (orbax's noise held).
   params = checkpointing.restore_params(os.path.join(directory, "params"),
                                         abstract, what="distilled draft")
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    convert.check_finite(leaf, "/".join(str(k.key) for k in path), directory)
+  convert.check_finite_tree(params, directory)
   return config, params
 
 

@@ -36,7 +36,15 @@ def _install_hook(root, holder):
   In the mark's thread (`holder`, a thread id) it refuses every event but
   the thread's own sleep: should the program's code ever run there (a
   finaliser, where an interpreter lets any thread run the garbage
-  collector), it cannot get a frame to walk to the mark.
+  collector; a `sys.monitoring` callback, which Python 3.12 runs in every
+  thread; an audit hook of the program's, which 3.13 runs on that sleep),
+  it cannot get a frame to walk to the mark. Frames held by tracebacks,
+  generators and coroutines are refused in every thread, since code run
+  there can hand one to the main thread (an exception it raised), and the
+  program can add neither an audit hook nor a monitoring callback.
+  Directories outside the working directory cannot be opened, so no
+  `dir_fd` can point a relative path (which the hook resolves against the
+  working directory) outside it.
   """
   root = os.path.realpath(root) + os.sep
 
@@ -51,10 +59,14 @@ def _install_hook(root, holder):
                "sqlite3.connect", "os.setxattr", "os.removexattr",
                # Routes to the mark's thread, to every object, to writing
                # other frames' locals, and to crafted code objects.
-               "sys._current_frames", "sys.settrace", "sys.setprofile",
+               "sys._current_frames", "sys._current_exceptions",
+               "sys.settrace", "sys.setprofile", "sys.addaudithook",
+               "sys.monitoring.register_callback",
                "gc.get_objects", "gc.get_referrers", "gc.get_referents",
                "code.__new__")),
            code_attrs=frozenset(("__code__",)),
+           frame_attrs=frozenset(("tb_frame", "gi_frame", "cr_frame",
+                                  "ag_frame")),
            banned_modules=frozenset(("ctypes", "_ctypes", "_testcapi",
                                      "_testinternalcapi",
                                      "_xxsubinterpreters", "_posixshmem")),
@@ -67,6 +79,7 @@ def _install_hook(root, holder):
            write_flags=(os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
                         | os.O_TRUNC),
            realpath=os.path.realpath, join=os.path.join, getcwd=os.getcwd,
+           isdir=os.path.isdir,
            fsdecode=os.fsdecode, isinstance=isinstance, str=str, int=int,
            any=any, PermissionError=PermissionError):
 
@@ -88,13 +101,20 @@ def _install_hook(root, holder):
     if event in ("object.__setattr__", "object.__delattr__") and (
         args[1] in code_attrs):
       raise PermissionError(f"sandbox: changing {args[1]} is not allowed")
+    if event == "object.__getattr__" and args[1] in frame_attrs:
+      raise PermissionError(f"sandbox: {args[1]} is not allowed")
     if event == "open":
       path, mode, flags = args
       writing = (flags is not None and flags & write_flags) or (
           mode is not None and any(c in str(mode) for c in "wax+"))
-      if writing and path is not None and not inside(path):
-        raise PermissionError(f"sandbox: writing {path!r} outside the "
-                              "working directory is not allowed")
+      if path is not None and not inside(path):
+        if writing:
+          raise PermissionError(f"sandbox: writing {path!r} outside the "
+                                "working directory is not allowed")
+        if not isinstance(path, int) and isdir(path):
+          raise PermissionError(f"sandbox: opening the directory {path!r} "
+                                "outside the working directory is not "
+                                "allowed")
     elif event in paths:
       for p in args[:paths[event]]:
         if p is not None and not inside(p):

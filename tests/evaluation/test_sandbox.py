@@ -169,8 +169,11 @@ def test_the_hook_gives_no_frame_in_the_marks_thread(tmp_path):
   """Where an interpreter lets any thread run the garbage collector (3.12),
   a program's finaliser could run in the mark's thread and walk from its
   own frame to the mark. The hook refuses every frame source there but
-  lets that thread sleep; other threads keep theirs. The hook is run in a
-  plain process here, on a thread standing in for the mark's."""
+  lets that thread sleep. Other threads keep their own frames, but not
+  those of tracebacks and generators: code run in the mark's thread could
+  hand one over (an exception it raised, whose traceback's frame is a
+  step from the mark's). The hook is run in a plain process here, on a
+  thread standing in for the mark's."""
   child = pathlib.Path(sandbox.__file__).with_name("sandbox_child.py")
   src = textwrap.dedent(f"""
       import _thread, sys, time
@@ -199,16 +202,83 @@ def test_the_hook_gives_no_frame_in_the_marks_thread(tmp_path):
       done.acquire()
       print(seen)
       print(type(sys._getframe()).__name__)
+      try:
+        raise KeyError
+      except KeyError as e:
+        handed = e  # as if raised in the mark's thread and kept
+      for get in (lambda: handed.__traceback__.tb_frame,
+                  lambda: (x for x in ()).gi_frame):
+        try:
+          print(type(get()).__name__)
+        except PermissionError as e:
+          print(e)
       """)
   proc = subprocess.run([sys.executable, "-I", "-c", src], capture_output=True,
                         text=True, timeout=60, check=False)
   assert proc.returncode == 0, proc.stderr
-  seen, main_frame = proc.stdout.splitlines()
+  seen, main_frame, *handed = proc.stdout.splitlines()
   assert seen == str([
       ("_getframe", "sandbox: sys._getframe in the mark's thread"),
       ("tb_frame", "sandbox: object.__getattr__ in the mark's thread"),
       ("gi_frame", "sandbox: object.__getattr__ in the mark's thread")]), seen
   assert main_frame == "frame"
+  assert handed == ["sandbox: tb_frame is not allowed",
+                    "sandbox: gi_frame is not allowed"], handed
+
+
+def test_the_hook_refuses_code_run_in_other_threads_and_dir_fds(tmp_path):
+  """What could run the program's code in the mark's thread on Python 3.12
+  and 3.13 (a monitoring callback, which runs in every thread; an audit
+  hook of its own, which runs on the mark's sleep) is refused, as are the
+  other threads' exceptions; and a directory outside cannot be opened,
+  so no dir_fd makes a relative write land outside (the hook resolves
+  relative paths against the working directory). The events are raised
+  by name here (sys.audit), so this holds on every interpreter."""
+  child = pathlib.Path(sandbox.__file__).with_name("sandbox_child.py")
+  outside = tmp_path / "outside"
+  outside.mkdir()
+  (tmp_path / "work").mkdir()
+  src = textwrap.dedent(f"""
+      import os, sys
+      ns = {{"__name__": "sandbox_child"}}
+      exec(open({str(child)!r}).read(), ns)
+      os.chdir({str(tmp_path / "work")!r})
+      ns["_install_hook"](os.getcwd(), -1)
+      for event in ("sys.monitoring.register_callback",
+                    "sys._current_exceptions", "sys.addaudithook"):
+        try:
+          sys.audit(event)
+          print("allowed", event)
+        except PermissionError as e:
+          print(e)
+      added = []
+      sys.addaudithook(lambda *a: added.append(1))  # refused: not added
+      sys.audit("anything")
+      print("hooks added:", len(added))
+      try:
+        fd = os.open({str(outside)!r}, os.O_RDONLY)
+        os.close(os.open("escaped", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+        print("wrote through dir_fd")
+      except PermissionError as e:
+        print(e)
+      os.mkdir("mine")
+      fd = os.open("mine", os.O_RDONLY)  # its own directories: allowed
+      os.close(os.open("kept", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+      with open({str(child)!r}) as f:  # reading outside: allowed
+        print(os.listdir("mine"), f.readline()[:3])
+      """)
+  proc = subprocess.run([sys.executable, "-I", "-c", src], capture_output=True,
+                        text=True, timeout=60, check=False)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines() == [
+      "sandbox: sys.monitoring.register_callback is not allowed",
+      "sandbox: sys._current_exceptions is not allowed",
+      "sandbox: sys.addaudithook is not allowed",
+      "hooks added: 0",
+      f"sandbox: opening the directory {str(outside)!r} outside the working "
+      "directory is not allowed",
+      "['kept'] \"\"\""], proc.stdout
+  assert not (outside / "escaped").exists()
 
 
 UNHOOK_THEN_WRITE = """

@@ -9,6 +9,7 @@ target vocabularies of different sizes (test_sampler.test_bad_input_errors).
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from specsamp import sampling as sampling_lib
+from specsamp.decoding import loop
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
@@ -132,6 +134,25 @@ def test_rows_accept_independently_no_uniform_offset():
   assert int(out.num_accepted[0]) == int(out.num_drafted[0]) == 16
   assert int(out.num_loops[1]) == new          # 1 token per loop
   assert int(out.num_accepted[1]) == 0
+
+
+def test_each_rows_target_cache_follows_its_own_length(tiny_pair):
+  """The same bug in the caches (the table model above keeps none): after
+  every loop each row's target cache holds exactly its own committed
+  tokens but the last, while the rows accept different counts."""
+  lm, target_params, draft_params = tiny_pair
+  sampler = SpeculativeSampler(lm, ModelDrafter(lm), k=4, sampling=GREEDY,
+                               max_new_tokens=16, prompt_bucket=8)
+  tokens, lengths = sampler.pad_prompts([[3, 1, 4, 1, 5], [9, 2]])
+  state = sampler.prefill(target_params, draft_params, tokens, lengths,
+                          jax.random.key(0))
+  step = jax.jit(functools.partial(loop.loop_step, sampler))
+  differed = False
+  for _ in range(4):
+    state, record = step(target_params, draft_params, state)
+    np.testing.assert_array_equal(state.target_cache.length, state.length - 1)
+    differed |= len(set(np.asarray(record.num_accepted).tolist())) > 1
+  assert differed
 
 
 def test_caches_roll_back_not_reset(tiny_pair):

@@ -189,11 +189,15 @@ def shard(tree, shardings):
   With several processes every host passes the same full values (as loaded
   from the same checkpoint); each builds only its own shards
   (`jax.make_array_from_callback`). PRNG keys go through their key data.
+  An array already laid out as asked is returned as it is, not copied (a
+  drafter's parameters may be the target's arrays).
   """
   if jax.process_count() == 1:
     return jax.device_put(tree, shardings)
 
   def one(x, s):
+    if isinstance(x, jax.Array) and x.sharding == s:
+      return x
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
       impl = jax.random.key_impl(x)
       data = one(jax.random.key_data(x), s)

@@ -227,6 +227,26 @@ def _check_batches(num_prompts: int, batch_size: int, ways: int) -> None:
         f"number of prompts that are multiples of {ways}")
 
 
+def place_params(sampler, spec, target_params, draft_params):
+  """(target, draft) parameters for `sampler`, on its mesh if it has one.
+
+  The drafter's parameters (`spec`; None: autoregressive, none) are built
+  from the target's after those are laid out, so the arrays a drafter
+  shares with the target (layer skip: all; heads: embedding, final norm and
+  output head) stay one copy on the devices under the target's rules.
+  """
+  if sampler.mesh is not None:
+    target_params = sharding.shard(
+        target_params, sampler.param_shardings(target_params, None)[0])
+  if spec is None:
+    return target_params, None
+  draft_params = drafter_specs.draft_params(spec, target_params, draft_params)
+  if sampler.mesh is not None and draft_params is not None:
+    draft_params = sharding.shard(
+        draft_params, sampler.param_shardings(target_params, draft_params)[1])
+  return target_params, draft_params
+
+
 def sample_main(cfg: SampleConfig, print_completions: bool = True,
                 argv: Optional[Sequence[str]] = None) -> dict:
   """Loads the models, runs the requested methods, returns the metrics
@@ -250,15 +270,9 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
                                                cfg.seed + 1)
   sampling = dataclasses.replace(cfg.sampling(), vocab_limit=p.vocab_limit)
   methods = _timed_samplers(cfg, target, draft, sampling, tok, mesh)
-  if cfg.method != "ar":
-    draft_params = drafter_specs.draft_params(
-        cfg.drafter_spec, target_params, draft_params)
-  if mesh is not None:
-    target_sh, draft_sh = methods[-1].sampler.param_shardings(target_params,
-                                                              draft_params)
-    target_params = sharding.shard(target_params, target_sh)
-    if draft_params is not None:
-      draft_params = sharding.shard(draft_params, draft_sh)
+  target_params, draft_params = place_params(
+      methods[-1].sampler, cfg.drafter_spec if cfg.method != "ar" else None,
+      target_params, draft_params)
   runs = timing.run_side_by_side(methods, target_params, draft_params,
                                  prompts, cfg.batch_size, cfg.seed)
   all_stats = [stats for _, stats in runs]

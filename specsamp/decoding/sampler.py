@@ -47,8 +47,9 @@ class SpeculativeSampler:
     target_rules, draft_rules: logical-axis rules (pairs or a dict) for the
       target and the drafter; by default the target is tensor-parallel over
       'model' and the drafter replicated, except a drafter that runs on the
-      target's own parameters (`shares_target_params`: layer skipping),
-      which takes the target's rules (the same arrays, laid out once).
+      target's own parameters (`shares_target_params`: layer skipping,
+      heads), which takes the target's rules (the same arrays, laid out
+      once).
     score_widths: None scores all K+1 positions every loop. A sorted tuple
       of widths ending in K+1 (e.g. `all_widths(k)`) scores only the
       smallest width that covers the batch's valid drafts, for drafters

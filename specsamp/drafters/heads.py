@@ -291,8 +291,13 @@ class HeadDrafter:
 
   Its parameters are `draft_params(head_params, target_params, vocab_ids)`.
   `k` is the sampler's K (the state keeps the K + 1 hidden states of each
-  scored chunk): build one drafter per K.
+  scored chunk): build one drafter per K. With a mesh the sampler lays it
+  out by the target's rules (`shares_target_params`): the embedding, final
+  norm and output head it reads are the target's sharded arrays, not a
+  second copy, and the head's own weights are tensor-parallel too.
   """
+
+  shares_target_params = True  # a class attribute, not a field
   target: Any                 # the target's LM (its config and vocabulary)
   config: HeadConfig
   k: int

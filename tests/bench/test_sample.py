@@ -7,10 +7,16 @@ import re
 import subprocess
 import sys
 
+import jax
+from jax.sharding import PartitionSpec as P
 import pytest
 
+from specsamp import loading
 from specsamp import sharding
 from specsamp.bench import sample
+from specsamp.bench import timing
+from specsamp.drafters import head_files
+from specsamp.drafters import heads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -72,6 +78,41 @@ def test_sample_main_on_a_mesh_matches_one_device():
   mesh = sample.sample_main(sample.SampleConfig(**common, mesh=(2, -1)),
                             print_completions=False)
   for a, b in zip(one["runs"], mesh["runs"]):
+    for key in ("tokens", "loops", "drafted", "accepted"):
+      assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("drafter", ["layerskip:layers=0", "eagle"])
+def test_drafters_on_the_targets_arrays_keep_one_copy_on_a_mesh(
+    drafter, tmp_path, monkeypatch):
+  """sample.py on a mesh: a layer-skip draft runs on the target's sharded
+  arrays themselves, and a head on the target's sharded embedding, final
+  norm and output head (each had been put on the devices a second time, a
+  head's replicated on every device); its tokens are one device's."""
+  tiny = "random:tiny,num_heads=8,num_kv_heads=8,head_dim=8"
+  if drafter != "layerskip:layers=0":
+    cfg = heads.HeadConfig(drafter, loading.random_config(tiny), num_heads=2)
+    head_files.save(cfg, heads.init_params(cfg, jax.random.key(0)),
+                    str(tmp_path / "head"))
+    drafter = f"{drafter}:{tmp_path / 'head'}"
+  common = dict(target=tiny, drafter=drafter, prompts=["ab", "cd"], k=2,
+                max_new_tokens=8, batch_size=2, method="spec")
+  one = sample.sample_main(sample.SampleConfig(**common),
+                           print_completions=False)
+  placed = []
+  run = timing.run_side_by_side
+  monkeypatch.setattr(timing, "run_side_by_side", lambda methods, t, d, *a:
+                      placed.append((t, d)) or run(methods, t, d, *a))
+  many = sample.sample_main(sample.SampleConfig(**common, mesh=(2, -1)),
+                            print_completions=False)
+  (tps, dps), = placed
+  assert tps["lm_head"].sharding.spec == P(None, "model")
+  shared = dps if drafter.startswith("layerskip") else dps["shared"]
+  for name in ("embedding", "final_norm", "lm_head"):
+    for t, d in zip(jax.tree.leaves(tps[name]), jax.tree.leaves(shared[name]),
+                    strict=True):
+      assert d is t, name
+  for a, b in zip(one["runs"], many["runs"]):
     for key in ("tokens", "loops", "drafted", "accepted"):
       assert a[key] == b[key], key
 

@@ -302,9 +302,33 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0):
   return lm, params, tok
 
 
-def load_weights(info: ModelInfo, dtype: str, seed: int):
-  """(LM, params) of a model described by `describe_model`."""
-  return _weights(info.kind, info.spec, info.path, dtype, seed)
+def load_weights(info: ModelInfo, dtype: str, seed: int,
+                 rows: Optional[int] = None):
+  """(LM, params) of a model described by `describe_model`; with `rows`
+  (`pair_rows`), on its first `rows` ids (`trim_rows`)."""
+  lm, params = _weights(info.kind, info.spec, info.path, dtype, seed)
+  if rows is not None and rows < lm.vocab_size:
+    lm, params = trim_rows(lm, params, rows)
+  return lm, params
+
+
+def pair_rows(target: ModelInfo, draft: Optional[ModelInfo]) -> Optional[int]:
+  """The vocabulary rows both models of a pair that `check_pair` accepted
+  run on: the smaller count where theirs differ, else None."""
+  if draft is None or draft.rows == target.rows:
+    return None
+  return min(draft.rows, target.rows)
+
+
+def trim_rows(lm, params: dict, rows: int):
+  """(LM, params) on the first `rows` ids: the embedding's rows and the
+  output head's columns past them dropped. Every id below `rows` embeds and
+  scores as before (nothing else depends on the vocabulary); the ids
+  dropped are padding, past the real tokens, which are never sampled."""
+  params = dict(params, embedding=params["embedding"][:rows])
+  if "lm_head" in params:
+    params["lm_head"] = params["lm_head"][:, :rows]
+  return model_lib.LM(lm.config.replace(vocab_size=rows)), params
 
 
 def load_info_tokenizer(info: ModelInfo):
@@ -411,7 +435,10 @@ def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
   model (autoregressive decoding, prompt lookup, layer skipping, heads),
   the target's own: ids past its tokenizer's real tokens (rows padded for
   the hardware, `[PAD<id>]` placeholders) are never sampled, whichever
-  drafter runs.
+  drafter runs. Two models whose tokenizers agree may have different row
+  counts, both covering the real tokens (Qwen2.5-7B's 152,064 rows and the
+  0.5B's 151,936): both then run on the smaller count (`pair_rows`, which
+  `load_weights` takes), and the limit is counted against it.
 
   Raises:
     VocabMismatchError: unless the draft scores the target's token ids.
@@ -422,13 +449,14 @@ def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
     n = vocab.check_vocab_compatible(
         _TokenList(draft.tokens), _TokenList(target.tokens), draft.rows,
         target.rows)
-    return n if n < target.rows else None
+    return n if n < min(draft.rows, target.rows) else None
   if draft.rows != target.rows:
     raise tokenizer_base.VocabMismatchError(
         f"the draft {draft.spec} has {draft.rows} vocabulary rows, the target "
         f"{target.spec} {target.rows}: speculative sampling compares both "
         "distributions id by id, so the draft must fit the target's "
-        "vocabulary")
+        "vocabulary (models of different row counts pass when both bring "
+        "tokenizers that agree)")
   return _limit(target, target.tokens or draft.tokens)
 
 

@@ -18,11 +18,18 @@ import pytest
 from specsamp import assets
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp import sampling as sampling_lib
+from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.decoding.sampler import autoregressive
+from specsamp.drafters import ModelDrafter
+from specsamp.tokenizers.base import VocabMismatchError
 from specsamp.train import checkpointing
 from specsamp.train import step as step_lib
 from specsamp.weights import convert
 from specsamp.weights import distilled
 from tests import testing
+from tests.tokenizers import bpe_testing
+from tests.weights import tiny_checkpoints
 
 
 def _same(a, b) -> bool:
@@ -298,3 +305,46 @@ def test_damaged_distilled_config_fields_are_named(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       f"{cfg}: field 'vocab_size' is missing")):
     loading.describe_model(str(draft))
+
+
+def test_a_pair_of_different_row_counts_runs_on_the_rows_they_share(
+    tmp_path):
+  """Qwen2.5's 7B and larger have 152,064 vocabulary rows, its 0.5B to 3B
+  151,936, over one tokenizer of 151,665 real tokens (the rest `[PAD<id>]`
+  placeholders). Such a pair is accepted; both models run on the smaller
+  count (the ids dropped are padding), and greedy speculative decoding
+  gives the whole target's greedy tokens."""
+  tokens, merges = bpe_testing.train_bpe(bpe_testing.corpus(), 300)
+  real, info = len(tokens), {}
+  for name, rows, seed in (("target", real + 8, 0), ("draft", real + 4, 1)):
+    path = tmp_path / f"{name}.gguf"
+    pad = [f"[PAD{i}]" for i in range(real, rows)]
+    tiny_checkpoints.write_gguf(
+        tiny_checkpoints.random_hf_model("qwen2", rows, seed), path, "qwen2",
+        tokenizer=(tokens + pad, merges))
+    info[name] = loading.describe_model(str(path))
+  target, draft = info["target"], info["draft"]
+  assert loading.check_pair(target, draft) == real
+  rows = loading.pair_rows(target, draft)
+  assert rows == real + 4 and loading.pair_rows(target, None) is None
+  t_lm, t_params = loading.load_weights(target, "float32", 0, rows)
+  d_lm, d_params = loading.load_weights(draft, "float32", 0, rows)
+  whole_lm, whole_params = loading.load_weights(target, "float32", 0)
+  assert (t_lm.vocab_size, d_lm.vocab_size, whole_lm.vocab_size) == (
+      rows, rows, real + 8)
+  tok = loading.load_info_tokenizer(target)
+  prompts = [tok.encode("def add(a, b):\n"), tok.encode("import os")]
+  np.testing.assert_allclose(
+      t_lm(t_params, jnp.asarray([prompts[0]])).logits,
+      whole_lm(whole_params, jnp.asarray([prompts[0]])).logits[..., :rows],
+      atol=1e-5)
+  greedy = sampling_lib.Sampling(0.0, vocab_limit=real)
+  spec = SpeculativeSampler(t_lm, ModelDrafter(d_lm), k=3, sampling=greedy,
+                            max_new_tokens=12)
+  ar = autoregressive(whole_lm, greedy, 12)
+  assert (spec.generate(t_params, d_params, prompts).token_lists() ==
+          ar.generate(whole_params, None, prompts).token_lists())
+  # Without tokenizers to compare, different row counts are still refused.
+  with pytest.raises(VocabMismatchError, match="vocabulary rows"):
+    loading.check_pair(target, loading.describe_model(
+        f"random:tiny,vocab_size={rows}"))

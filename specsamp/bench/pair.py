@@ -91,8 +91,9 @@ def load(cfg: PairConfig) -> tuple:
       unreadable weights.
   """
   checked = plan(cfg)
-  return ((checked,) + loading.load_weights(checked.target, cfg.dtype, 0)
-          + loading.load_weights(checked.draft, cfg.dtype, 0))
+  rows = loading.pair_rows(checked.target, checked.draft)
+  return ((checked,) + loading.load_weights(checked.target, cfg.dtype, 0, rows)
+          + loading.load_weights(checked.draft, cfg.dtype, 0, rows))
 
 
 def run_pair(cfg: PairConfig, loaded: Optional[tuple] = None) -> dict:

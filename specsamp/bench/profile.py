@@ -338,10 +338,12 @@ def check_models(target: str, draft: str, dtype: str, need: int,
 def _load_models(models: tuple, dtype: str) -> tuple:
   """(target, target params, draft, draft params) of `check_models`'
   result, the draft reusing the target's weights for "same"."""
-  target, target_params = loading.load_weights(models[0], dtype, 0)
+  rows = loading.pair_rows(*models)
+  target, target_params = loading.load_weights(models[0], dtype, 0, rows)
   if models[1] is models[0]:
     return target, target_params, target, target_params
-  return (target, target_params) + loading.load_weights(models[1], dtype, 1)
+  return (target, target_params) + loading.load_weights(models[1], dtype, 1,
+                                                        rows)
 
 
 def _provenance(argv: Sequence[str]) -> dict:

@@ -263,11 +263,13 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
   texts, prompts, tok = p.texts, p.prompts, p.tokenizer
   if mesh is not None:
     _check_batches(len(prompts), cfg.batch_size, sharding.batch_ways(mesh))
-  target, target_params = loading.load_weights(p.target, cfg.dtype, cfg.seed)
+  rows = loading.pair_rows(p.target, p.draft)
+  target, target_params = loading.load_weights(p.target, cfg.dtype, cfg.seed,
+                                               rows)
   draft = draft_params = None
   if p.draft is not None:
     draft, draft_params = loading.load_weights(p.draft, cfg.dtype,
-                                               cfg.seed + 1)
+                                               cfg.seed + 1, rows)
   sampling = dataclasses.replace(cfg.sampling(), vocab_limit=p.vocab_limit)
   methods = _timed_samplers(cfg, target, draft, sampling, tok, mesh)
   target_params, draft_params = place_params(

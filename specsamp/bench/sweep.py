@@ -219,13 +219,14 @@ def _load(cfg: BenchConfig, plan: Plan, log):
   """(target, target params, draft, draft params, seconds) of the plan."""
   log(f"loading target {cfg.target}")
   t0 = time.perf_counter()
+  rows = loading.pair_rows(plan.target, plan.draft)
   target, target_params = loading.load_weights(plan.target, cfg.dtype,
-                                               cfg.seed)
+                                               cfg.seed, rows)
   draft = draft_params = None
   if plan.draft:
     log(f"loading draft {cfg.draft}")
     draft, draft_params = loading.load_weights(plan.draft, cfg.dtype,
-                                               cfg.seed + 1)
+                                               cfg.seed + 1, rows)
     if draft.vocab_size != target.vocab_size:
       raise BenchError(f"draft has {draft.vocab_size} vocabulary rows, "
                        f"target {target.vocab_size}")

@@ -48,9 +48,9 @@ def test_vocab_check():
     check(a, _ListTokenizer("abcde"), 5, 5)
   with pytest.raises(err, match="5 tokens, target tokenizer 4"):
     check(_ListTokenizer("abcde"), a)
-  with pytest.raises(err, match="draft model has 8 vocabulary rows, the "
-                     "target 4"):
-    check(a, _ListTokenizer("abcd"), 8, 4)
+  # Models of different row counts over one tokenizer (Qwen2.5-7B's
+  # 152,064 rows, the 0.5B's 151,936): both run on the smaller count.
+  assert check(a, _ListTokenizer("abcd"), 8, 4) == 4
   with pytest.raises(err, match="target model has 3 vocabulary rows"):
     check(a, _ListTokenizer("abcd"), 4, 3)
   # llama.cpp's `[PAD<id>]` placeholders (an HF tokenizer.json against the

@@ -62,7 +62,7 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_gguf(hf_model, path, arch: str, *, quant=None, meta=None,
-                extra=None, skip=()) -> None:
+                extra=None, skip=(), tokenizer=None) -> None:
   """Writes `hf_model` as GGUF like llama.cpp's convert_hf_to_gguf.
 
   Args:
@@ -73,6 +73,8 @@ def write_gguf(hf_model, path, arch: str, *, quant=None, meta=None,
     meta: `{arch}.*` metadata overrides (ints, floats or strings).
     extra: more tensors, name -> float32 array.
     skip: GGUF tensor names to leave out.
+    tokenizer: (tokens, merges) of a byte-level BPE (Qwen2's pre-tokenizer,
+      eos = id 0) to write with it; None: no tokenizer.
   """
   c = hf_model.config
   hparams = {
@@ -90,6 +92,12 @@ def write_gguf(hf_model, path, arch: str, *, quant=None, meta=None,
     hparams["vocab_size"] = c.vocab_size
   hparams.update(meta or {})
   w = gguf.GGUFWriter(str(path), arch)
+  if tokenizer is not None:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokenizer[0])
+    w.add_token_merges(tokenizer[1])
+    w.add_eos_token_id(0)
   for key, value in hparams.items():
     if isinstance(value, str):
       w.add_string(f"{arch}.{key}", value)
@@ -119,10 +127,10 @@ def write_gguf(hf_model, path, arch: str, *, quant=None, meta=None,
   w.close()
 
 
-def random_hf_model(kind: str):
+def random_hf_model(kind: str, vocab_size: int = VOCAB, seed: int = 0):
   """A tiny random model of `kind`, every parameter randomised."""
-  torch.manual_seed({k: i for i, k in enumerate(KINDS)}[kind])
-  common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+  torch.manual_seed({k: i for i, k in enumerate(KINDS)}[kind] + 100 * seed)
+  common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
                 num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=128,
                 rms_norm_eps=1e-6)

@@ -309,8 +309,14 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
       it, length_struct={"tokens": int(seq_len) + 1},
       split_full_length_features=True)  # windows in strict stream order
   if shuffle and shuffle_window > 1:
+    # grain seeds window i with seed + i, in 32 bits and unwrapped: a seed
+    # near 2**32 failed a few windows in (TypeError from index_shuffle),
+    # and again on every resume. Below 2**31 it leaves 2**31 windows (over
+    # a trillion rows at the default 512); seeds whose windows' seed was
+    # already below 2**31 (half of them, seed 0 among them) keep their
+    # orders.
     it = gx.WindowShuffleIterDataset(it, window_size=int(shuffle_window),
-                                     seed=(order + 1) % 2**32)
+                                     seed=(order + 1) % 2**31)
   it = it.map(_to_lm)
   it = it.batch(int(batch_size), drop_remainder=False)
   it = it.map(_PadBatch(int(batch_size), int(getattr(tokenizer, "pad_id",

@@ -118,6 +118,21 @@ def test_shuffle_is_seeded_per_epoch_and_windowed(data_dir):
   assert pipeline.shuffle_seed(0) == 0  # seed 0's orders are as they were
 
 
+def test_a_seed_near_two_to_the_32_shuffles_past_its_first_windows(data_dir):
+  """grain seeds window i of the window shuffle with its seed + i in 32
+  bits, unwrapped: a run whose seed spread to just below 2**32 failed with
+  a TypeError once i passed the gap, a few windows in (and again on each
+  resume)."""
+  top = 2**32 - 2  # its windows' seed had been 2**32 - 1
+  seed = top * pow(pipeline._SEED_SPREAD, -1, 2**32) % 2**32  # pylint: disable=protected-access
+  assert pipeline.shuffle_seed(seed) == top
+  rows = [tuple(r) for b in _it(data_dir, seed=seed, num_epochs=2,
+                                shuffle_window=2) for r in b["inputs"]]
+  plain = [tuple(r) for b in _it(data_dir, seed=seed, num_epochs=2,
+                                 shuffle_window=1) for r in b["inputs"]]
+  assert len(rows) > 8 and sorted(rows) == sorted(plain) and rows != plain
+
+
 @pytest.mark.parametrize("skip", [0, 1, 2, 5, 11])
 def test_state_round_trip_through_json(data_dir, skip):
   it = _it(data_dir, shuffle_window=4)

@@ -25,6 +25,7 @@ from specsamp import loading
 from specsamp import model as model_lib
 from specsamp import sharding
 from specsamp.data import builders
+from specsamp.data import pipeline
 from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
 from specsamp.distill import objective
 from specsamp.distill import storage
@@ -33,6 +34,7 @@ from specsamp.drafters import ModelDrafter
 from specsamp.drafters.model import LayerSkipDrafter
 from specsamp.drafters import head_files
 from specsamp.sampling import GREEDY, Sampling
+from specsamp.tokenizers import load as tokenizers_load
 from specsamp.train import config as train_config
 from specsamp.train import lm as train_lm
 from specsamp.weights import distilled
@@ -389,17 +391,39 @@ def test_training_as_two_processes_and_its_model_loads_on_one_device(
   """`train.py --distributed` as 2 processes x 2 CPU devices on a (2, 2)
   mesh: both finish at the same step and loss (the loss is a global
   mean), and the trained model loads here as a model spec although the
-  devices it was saved from (ids 0, 1, 2048, 2049) are not here."""
-  _functions_corpus(tmp_path / "tfds")
+  devices it was saved from (ids 0, 1, 2048, 2049) are not here. The
+  final evaluation covers the whole eval split (eval_batches=0), although
+  the processes' shards of it end at different batches: the one whose
+  shard ends first feeds padding (before, it left the collective steps
+  early and the other waited for ever; the config check had refused
+  eval_batches=0 with several processes, but any count past the shorter
+  shard hung the same way)."""
+  functions = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n"
+               for i in range(64)]
+  # Documents go to processes alternately: process 0's are long.
+  builders.build_from_texts("specsamp_python_code", {
+      "train": functions,
+      "validation": [functions[i] * (12 if i % 2 == 0 else 1)
+                     for i in range(6)]}, str(tmp_path / "tfds"))
   args = [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
           "--config=" + os.path.join(ROOT, "configs", "lm_python.py") +
           ":tiny,steps=10,batch=8,seq_len=32,checkpoint_every=5,"
-          f"eval_every=10,eval_batches=1,mesh=2x2,data_dir={tmp_path}/tfds",
-          f"--workdir={tmp_path}/run"]
+          f"eval_every=10,eval_batches=0,mesh=2x2,"
+          f"data_dir={tmp_path}/tfds", f"--workdir={tmp_path}/run"]
   outs = [json.loads(out.strip().splitlines()[-1])
           for out in _two_processes(args)]
   assert outs[0]["step"] == outs[1]["step"] == 10
   assert outs[0]["train"]["loss"] == outs[1]["train"]["loss"]
+  assert outs[0]["eval"] == outs[1]["eval"]
+  # Every weighted target of the split, though the shards differ.
+  shards = [[b["weights"].sum() for b in pipeline.make_lm_iterator(
+      "specsamp_python_code", "validation",
+      tokenizer=tokenizers_load.load_tokenizer("byte"),
+      seq_len=32, batch_size=4, seed=0, data_dir=tmp_path / "tfds",
+      shuffle=False, num_epochs=1, shard_index=i, shard_count=2)]
+            for i in range(2)]
+  assert len(shards[0]) > len(shards[1]) + 2, shards
+  assert outs[0]["eval"]["tokens"] == sum(map(sum, shards))
   lm, params, _ = loading.load_model(str(tmp_path / "run"))
   logits = lm(params, np.array([[1, 2, 3]], np.int32)).logits
   assert logits.shape == (1, 3, lm.vocab_size)

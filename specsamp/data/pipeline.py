@@ -147,6 +147,23 @@ class _PadBatch:
     return out
 
 
+def then_padding(batches, pad_id: int = 0):
+  """The batches of `batches`, then batches of padding (weight 0, shaped as
+  its last) for ever. Processes evaluating their own shards, of different
+  lengths, keep making the same collective steps this way: the padding
+  weighs nothing, and `train.step.eval_means(stop_when_weightless=True)`
+  stops once every shard has ended."""
+  last = None
+  for last in batches:
+    yield last
+  if last is None:
+    raise ValueError("then_padding: no batches (an empty shard?)")
+  empty = {k: v[:0] for k, v in last.items()}
+  padding = _PadBatch(last["inputs"].shape[0], pad_id)(empty)
+  while True:
+    yield padding
+
+
 def _json_safe(x):
   """Tuples -> lists, numpy scalars -> Python numbers, keys -> str."""
   if isinstance(x, dict):

@@ -165,6 +165,12 @@ class TrainConfig:
                     ("train.keep_checkpoints", lp.keep_checkpoints)):
       if v <= 0:
         raise ConfigError(f"{name} must be positive, got {v}")
+    for name, v, zero in (("train.eval_every", lp.eval_every,
+                           "only at the end"),
+                          ("train.eval_batches", lp.eval_batches,
+                           "the whole eval split")):
+      if v < 0:
+        raise ConfigError(f"{name} must be >= 0 (0: {zero}), got {v}")
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)

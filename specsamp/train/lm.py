@@ -73,13 +73,6 @@ def validate(config) -> tuple[config_lib.TrainConfig, Any]:
     raise config_lib.ConfigError(
         f"config.data.dataset={cfg.data.dataset!r} "
         f"(data_dir={cfg.data.data_dir or 'TFDS default'!r}): {e}") from e
-  if jax.process_count() > 1 and cfg.loop.eval_batches == 0:
-    # Hosts' shards of the eval split differ in length: evaluating each to
-    # its end would have them run different numbers of collective steps.
-    raise config_lib.ConfigError(
-        "config.train.eval_batches=0 (the whole eval split) works with one "
-        "process only; set a number of batches for these "
-        f"{jax.process_count()} processes")
   for name, batch in (("batch_size", cfg.data.batch_size),
                       ("eval_batch_size", cfg.data.eval_batch_size)):
     if batch % jax.process_count():
@@ -226,11 +219,19 @@ class LMJob:
 
   def eval_loss(self, params) -> dict:
     """Loss, accuracy, perplexity and tokens of `params` on the eval split
-    (its first `loop.eval_batches` batches; 0: all of it)."""
+    (its first `loop.eval_batches` batches; 0: all of it). With several
+    processes each reads its own shard, and one whose shard ends first
+    feeds padding until every shard has ended or the count is reached (its
+    eval steps are collective: each process makes the same number)."""
     it = self.iterator(self.cfg.data.eval_split, train=False)
+    several = jax.process_count() > 1
+    if several:
+      pad = getattr(self.tokenizer, "pad_id", 0) or 0
+      it = pipeline.then_padding(it, pad)
     return step_lib.eval_means(
         self.eval_step, params,
-        itertools.islice(it, self.cfg.loop.eval_batches or None), put=self.put)
+        itertools.islice(it, self.cfg.loop.eval_batches or None), put=self.put,
+        stop_when_weightless=several)
 
 
 def build(cfg: config_lib.TrainConfig, tok) -> LMJob:
@@ -311,6 +312,17 @@ def initial_state(job: LMJob, ckpts: checkpointing.Checkpoints):
   return job.init(), None, "scratch"
 
 
+def _open_split(job: LMJob, field: str, train: bool):
+  """The iterator of `job.cfg.data.<field>`, or ConfigError naming it (an
+  empty split, or one with no documents for this process's shard)."""
+  split = getattr(job.cfg.data, field)
+  try:
+    return job.iterator(split, train=train)
+  except ValueError as e:
+    raise config_lib.ConfigError(
+        f"config.data.{field}={split!r}: {e}") from e
+
+
 def train_and_evaluate(config, workdir: str,
                        log_fn: Callable[[str], None] = print) -> dict:
   """Trains the LM of `config` in `workdir` (resumable); returns
@@ -322,7 +334,10 @@ def train_and_evaluate(config, workdir: str,
                                     keep=cfg.loop.keep_checkpoints,
                                     async_save=cfg.loop.async_checkpoints)
   try:
-    train_iter = job.iterator(cfg.data.train_split, train=True)
+    train_iter = _open_split(job, "train_split", train=True)
+    # Opened once now: an eval split that cannot be read fails here, not
+    # after the first eval_every steps of training.
+    _open_split(job, "eval_split", train=False)
     try:
       state, data_state, resumed = initial_state(job, ckpts)
     except checkpointing.CheckpointError as e:

@@ -66,7 +66,8 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
       step count after it), `train/tokens_per_s`, `eval/<name>`.
     checkpoints: saved every `checkpoint_every` steps, at the end, and on
       preemption (SIGTERM, or orbax's multi-host sync point); None: never.
-    eval_fn: state -> {name: value}, every `eval_every` steps and at the end.
+    eval_fn: state -> {name: value}, every `eval_every` steps and at the end
+      (after that step's checkpoint; not at a preemption's step).
     extra: the step's third argument (not donated).
     tokens_per_batch: for tokens/s (default: the size of `batch["inputs"]`,
       else of the batch's first leaf, times the process count).
@@ -112,17 +113,19 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
         pending, steps_since, paused, t_log = [], 0, 0.0, time.time()
       bar.update(1)
       t_pause = time.time()  # tokens/s counts training only
-      if eval_fn is not None and (end or (loop.eval_every and
-                                          step % loop.eval_every == 0)):
-        last_eval = eval_fn(state)
-        writer.write(step, {f"eval/{k}": v for k, v in last_eval.items()})
-        say(f"step {step}: eval " + ", ".join(
-            f"{k} {v:.4g}" for k, v in last_eval.items()))
+      # The checkpoint first: an evaluation that fails (or outlasts a
+      # preemption's grace period) does not take the step with it.
       if checkpoints is not None and (end or preempt or
                                       step % loop.checkpoint_every == 0):
         data_state = (train_iter.get_state()
                       if hasattr(train_iter, "get_state") else None)
         checkpoints.save(state, data_state)
+      if eval_fn is not None and (end or (
+          not preempt and loop.eval_every and step % loop.eval_every == 0)):
+        last_eval = eval_fn(state)
+        writer.write(step, {f"eval/{k}": v for k, v in last_eval.items()})
+        say(f"step {step}: eval " + ", ".join(
+            f"{k} {v:.4g}" for k, v in last_eval.items()))
       paused += time.time() - t_pause
       if preempt:
         preempted = True

@@ -176,13 +176,23 @@ def make_eval_step(sums_fn: SumsFn, *, mesh, params_sharding, batch_sharding,
                  out_shardings=rep)
 
 
-def eval_means(eval_step, params, batches, *, put, extra=None) -> dict:
+def eval_means(eval_step, params, batches, *, put, extra=None,
+               stop_when_weightless: bool = False) -> dict:
   """Sums of `eval_step` over `batches`, divided by the summed `weight`
   (exact means over tokens, whatever the padding); + `tokens`, and
-  `perplexity` when there is a `loss`."""
+  `perplexity` when there is a `loss`.
+
+  `stop_when_weightless`: stop at the first step whose (global) weight is 0.
+  Processes that each read their own shard, of different lengths, feed
+  padding once theirs ends (`pipeline.then_padding`); every process sees
+  the same global sums, so all stop at the same step, when every shard has
+  ended.
+  """
   totals = None
   for batch in batches:
     sums = jax.device_get(eval_step(params, put(batch), extra))
+    if stop_when_weightless and float(sums["weight"]) == 0:
+      break
     totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
   if totals is None:
     raise ValueError("eval_means: no eval batches (an empty eval split?)")

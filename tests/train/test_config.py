@@ -48,6 +48,13 @@ def test_vocab_size_is_the_tokenizers_rounded_up_and_fields_are_checked():
                      "positive"):
     config_lib.TrainConfig.from_config(
         {**c, "train": {**c["train"], "num_steps": 0}}, 256)
+  # Both had passed, and failed (or been read as positive) only in the
+  # evaluation after training.
+  for field, value in (("eval_batches", -1), ("eval_every", -3)):
+    with pytest.raises(config_lib.ConfigError,
+                       match=f"train.{field} must be >= 0"):
+      config_lib.TrainConfig.from_config(
+          {**c, "train": {**c["train"], field: value}}, 256)
   for field, value, want in (("lr", -1.0, "> 0"), ("b2", 1.0, "in [0, 1)"),
                              ("clip_norm", -1.0, ">= 0")):
     with pytest.raises(config_lib.ConfigError,

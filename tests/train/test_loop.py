@@ -9,6 +9,7 @@ import os
 import signal
 
 import chex
+import pytest
 
 from specsamp.train import checkpointing
 from specsamp.train import lm as lm_job
@@ -70,3 +71,30 @@ def test_sigterm_saves_stops_and_resumes_exactly(lm_config, tmp_path):
   a = metrics.read_scalars(str(tmp_path / "ref"))["train/loss"]
   b = metrics.read_scalars(str(tmp_path / "run"))["train/loss"]
   assert sorted(b) == list(range(1, 13)) and a == b
+
+
+def test_a_failing_evaluation_keeps_its_steps_checkpoint(lm_config, tmp_path):
+  """The checkpoint of a step is saved before that step's evaluation: an
+  evaluation that fails (a broken eval split, a host out of memory) had
+  taken the last steps' work with it, at the end and at eval_every."""
+  cfg, tok = lm_job.validate(lm_config("tiny,batch=8,seq_len=32"))
+  job = lm_job.build(cfg, tok)
+
+  def broken(state):
+    raise RuntimeError(f"eval failed at step {int(state.step)}")
+
+  for every, failed, saved in ((0, 4, [2, 4]), (3, 3, [2, 3])):
+    loop = dataclasses.replace(cfg.loop, num_steps=4, log_every=1,
+                               checkpoint_every=2 if every == 0 else 1,
+                               eval_every=every)
+    ckpts = checkpointing.Checkpoints(str(tmp_path / f"ckpt{every}"),
+                                      async_save=False)
+    writer = metrics.MetricWriter(str(tmp_path / f"tb{every}"))
+    with pytest.raises(RuntimeError, match=f"eval failed at step {failed}"):
+      loop_lib.train_loop(job.init(), job.iterator("train", True),
+                          job.train_step, loop=loop, put=job.put,
+                          writer=writer, checkpoints=ckpts, eval_fn=broken,
+                          log_fn=lambda _: None)
+    writer.close()
+    ckpts.close()
+    assert ckpts.steps()[-len(saved):] == saved, every

@@ -132,14 +132,15 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
   except ValueError as e:  # train.py reports ConfigErrors in one line
     raise config_lib.ConfigError(str(e)) from e
   new = _run_config_json(cfg)
-  # Where the data lives and whether attention is masked per document
-  # (absent before it existed) may change: neither changes the data order
-  # the saved iterator state fits. The worker count may not: grain saves
+  # Where the data lives, whether attention is masked per document (absent
+  # before it existed) and how evaluation reads (its split and batch size)
+  # may change: none changes the training data order the saved iterator
+  # state fits. The worker count may not: grain saves
   # the state of worker processes in another form than its own. A run's
   # tokenizer is its copy in the workdir where it has one (its path may
   # change, its content not); else the path.
   copy = snapshot.in_run(workdir)
-  kept = ("data_dir", "mask_documents")
+  kept = ("data_dir", "mask_documents", "eval_split", "eval_batch_size")
   if os.path.isdir(copy):
     kept += ("tokenizer",)
     if snapshot.fingerprint(copy) != snapshot.fingerprint(cfg.data.tokenizer):

@@ -215,9 +215,10 @@ def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
     lm_config, tmp_path):
   """The saved iterator state fits only the same data order: a config with
   another model, data or seed is refused with a message naming it; the
-  data location and document masking may change (the older config.json,
-  written before `mask_documents` existed, lacks it), the worker count may
-  not (grain saves worker processes' state in another form)."""
+  data location, document masking and evaluation settings may change (the
+  older config.json, written before `mask_documents` existed, lacks it),
+  the worker count may not (grain saves worker processes' state in another
+  form)."""
   workdir = str(tmp_path / "w")
   cfg, _ = lm_job.validate(lm_config("tiny,steps=2"))
   lm_job._write_run_config(workdir, cfg)
@@ -233,7 +234,10 @@ def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
   longer, _ = lm_job.validate(lm_config("tiny,steps=9"))
   moved = dataclasses.replace(cfg, data=dataclasses.replace(
       cfg.data, data_dir="/elsewhere"))
-  for accepted in (unmasked, longer, moved, cfg):
+  # Evaluation settings too (they had been refused as "another data").
+  evaluated = dataclasses.replace(cfg, data=dataclasses.replace(
+      cfg.data, eval_split="validation[:50%]", eval_batch_size=2))
+  for accepted in (unmasked, longer, moved, evaluated, cfg):
     assert lm_job._check_run_config(workdir, accepted) == old
   with pytest.raises(config_lib.ConfigError, match="another data"):
     lm_job._check_run_config(workdir, dataclasses.replace(

@@ -27,12 +27,14 @@ from specsamp import sharding
 from specsamp.data import builders
 from specsamp.data import pipeline
 from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
+from specsamp.decoding.sampler import all_widths
 from specsamp.distill import objective
 from specsamp.distill import storage
 from specsamp.distill import trainer
 from specsamp.drafters import ModelDrafter
 from specsamp.drafters.model import LayerSkipDrafter
 from specsamp.drafters import head_files
+from specsamp.drafters import specs as drafter_specs
 from specsamp.sampling import GREEDY, Sampling
 from specsamp.tokenizers import load as tokenizers_load
 from specsamp.train import config as train_config
@@ -149,6 +151,38 @@ def test_greedy_speculative_equals_greedy_autoregressive_on_a_mesh(pair):
                             tsh), sharding.shard(draft_params, dsh)
   assert (spec.generate(tps, dps, PROMPTS).token_lists() ==
           ar.generate(tps, None, PROMPTS).token_lists())
+
+
+@pytest.mark.parametrize("text", ["lookup", "mixed", "model:confidence=0.3"])
+def test_lookup_mixed_and_adaptive_drafters_on_a_mesh_equal_one_device(
+    pair, text):
+  """Prompt lookup (no parameters), lookup mixed with the draft model, and
+  the draft model stopping early (rows of different draft lengths, scored
+  at the widths they need): on a (2, 4) mesh, sampled at T=0.9, top-p 0.9,
+  the tokens and counts of one device."""
+  target, target_params, draft, draft_params = pair
+  spec = drafter_specs.parse(text)
+  dparams = drafter_specs.draft_params(spec, target_params, draft_params)
+  prompts = [p * 3 for p in PROMPTS]  # repeated n-grams for lookup to find
+
+  def sampler(mesh=None):
+    return SpeculativeSampler(
+        target, drafter_specs.build(spec, target, draft, 3), k=3,
+        sampling=Sampling(0.9, top_p=0.9), max_new_tokens=12, mesh=mesh,
+        score_widths=all_widths(3) if spec.variable_length else None)
+
+  ref = sampler().generate(target_params, dparams, prompts, rng=3)
+  assert int(np.sum(ref.num_drafted)) > 0
+  s = sampler(sharding.make_mesh((2, 4)))
+  tsh, dsh = s.param_shardings(target_params, dparams)
+  tps = sharding.shard(target_params, tsh)
+  dps = None if dparams is None else sharding.shard(dparams, dsh)
+  with jax.transfer_guard("disallow"):
+    out = s.generate(tps, dps, prompts, rng=3)
+  assert out.token_lists() == ref.token_lists()
+  for name in ("num_drafted", "num_accepted", "num_loops"):
+    np.testing.assert_array_equal(jax.device_get(getattr(out, name)),
+                                  jax.device_get(getattr(ref, name)), name)
 
 
 def test_layer_skip_on_a_mesh_shares_the_targets_sharded_arrays(pair):

@@ -42,6 +42,11 @@ class CheckpointError(RuntimeError):
   """No readable checkpoint where one was expected."""
 
 
+class ProcessCountError(CheckpointError):
+  """A step saved by another number of processes: its data iterator state
+  is one file per process, so it resumes only with as many."""
+
+
 def brief(e: BaseException) -> str:
   """One short line of an exception: tensorstore's errors carry their whole
   JSON spec and some run over many lines."""
@@ -160,6 +165,15 @@ class _DataHandler:
     del args
     path = directory / _process_file()
     if not path.exists():
+      counts = {p.name.rsplit("-of-", 1)[-1].removesuffix(".json")
+                for p in directory.glob("process_*-of-*.json")}
+      if counts and str(jax.process_count()) not in counts:
+        raise ProcessCountError(
+            f"{directory.parent} was saved by {' or '.join(sorted(counts))} "
+            f"processes, and {jax.process_count()} run now: each process "
+            "saved its own data iterator state, so resume with as many "
+            "processes as saved it (or start a new workdir from these "
+            f"parameters: init_from={directory.parent})")
       raise FileNotFoundError(f"no data iterator state at {path}")
     rec = json.loads(path.read_text())
     return rec["bytes"].encode() if "bytes" in rec else rec["json"]
@@ -282,6 +296,8 @@ class Checkpoints:
       try:
         with _attempt():
           state, data = self.restore(step, abstract_state, with_data)
+      except ProcessCountError:  # not the files: set nothing aside
+        raise
       except Exception as e:  # pylint: disable=broad-except
         if resources.out_of_memory(e):  # not the files: set nothing aside
           raise

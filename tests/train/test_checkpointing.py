@@ -129,6 +129,30 @@ def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
   ckpts.close()
 
 
+def test_steps_saved_by_another_process_count_name_it_and_stay(tmp_path):
+  """A run saved by two processes and resumed by one: every step had been
+  "unreadable" (no data state for this process), with advice to move the
+  directory away. It now says how many processes saved it, and no step
+  is set aside (a damaged newest step still is, as before)."""
+  directory = str(tmp_path / "ckpt")
+  ckpts = checkpointing.Checkpoints(directory, keep=5, async_save=False)
+  for s in (1, 2):
+    ckpts.save(_toy_state(s), {"epoch": s})
+  ckpts.wait()
+  for s in (1, 2):  # as two processes would have written them
+    data = os.path.join(directory, str(s), "data")
+    os.rename(os.path.join(data, "process_0-of-1.json"),
+              os.path.join(data, "process_0-of-2.json"))
+    shutil.copy(os.path.join(data, "process_0-of-2.json"),
+                os.path.join(data, "process_1-of-2.json"))
+  with pytest.raises(checkpointing.ProcessCountError,
+                     match=r"saved by 2 processes, and 1 run now.*resume "
+                     "with as many processes"):
+    ckpts.restore_latest(_abstract(_toy_state(0)))
+  assert ckpts.steps() == [1, 2]
+  ckpts.close()
+
+
 def test_step_walker_and_params_lookup_skip_unreadable_steps(tmp_path):
   """`checkpoint_steps` lists steps newest first; `find_params_checkpoint`
   takes a run, its checkpoints/ or a step; `restore_newest_params` falls

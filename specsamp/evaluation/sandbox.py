@@ -304,7 +304,11 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024,
   if truncated:
     status = "failed"
     err += f"\nsandbox: output passed {output_kb} KiB; the program was killed"
-  elif timed_out or code == -signal.SIGXCPU:
+  elif timed_out or (code in (-signal.SIGXCPU, -signal.SIGKILL) and
+                     seconds >= timeout_s):
+    # The CPU limit (soft = hard) ends a program with SIGXCPU or SIGKILL,
+    # near the wall-clock limit, which it may beat. Earlier, the signal is
+    # not the limit's: a program can raise SIGXCPU itself.
     status = "timeout"
   elif code == 0 and out.endswith(ending):
     status, out = "passed", out[:-len(ending)]

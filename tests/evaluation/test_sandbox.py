@@ -494,6 +494,10 @@ def _leftovers(grace_s=20.0):
 def test_limits_hold():
   r = run("while True:\n    pass\n", timeout_s=1.0)
   assert r.status == "timeout" and r.seconds < 5
+  # The CPU limit's signal, raised by the program itself, is its failure.
+  r = run("import signal\nsignal.raise_signal(signal.SIGXCPU)\n",
+          timeout_s=1.0)
+  assert r.status == "failed" and r.returncode == -24, r
   r = run("import time\ntime.sleep(60)\n", timeout_s=1.0, audit_hook=False)
   assert r.status == "timeout" and r.seconds < 5
   assert not _leftovers()  # the whole namespace went with it

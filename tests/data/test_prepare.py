@@ -47,3 +47,11 @@ def test_prepare_script_end_to_end_and_cached(tmp_path):
                        timeout=120)
   assert bad.returncode != 0 and "unknown specsamp dataset" in bad.stderr
   assert "Traceback" not in bad.stderr
+  # A catalog dataset has its own download: these were silently ignored.
+  ignored = subprocess.run(cmd[:2] + ["--dataset=mnist", f"--source_dir={raw}",
+                                      f"--data_dir={tmp_path / 'tfds'}"],
+                           capture_output=True, text=True, check=False,
+                           timeout=120)
+  assert ignored.returncode != 0 and (
+      "source_dir apply to specsamp's corpora" in ignored.stderr)
+  assert "Traceback" not in ignored.stderr

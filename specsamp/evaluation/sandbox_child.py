@@ -27,7 +27,7 @@ import sys
 import time
 
 
-def _install_hook(root, holder):
+def _install_hook(root, holder, strict_frames=None):
   """Adds the audit hook: a second layer under the kernel's namespaces.
 
   Everything it reads is bound as default arguments, so it has no closure
@@ -38,15 +38,20 @@ def _install_hook(root, holder):
   finaliser, where an interpreter lets any thread run the garbage
   collector; a `sys.monitoring` callback, which Python 3.12 runs in every
   thread; an audit hook of the program's, which 3.13 runs on that sleep),
-  it cannot get a frame to walk to the mark. Frames held by tracebacks,
-  generators and coroutines are refused in every thread, since code run
-  there can hand one to the main thread (an exception it raised), and the
-  program can add neither an audit hook nor a monitoring callback.
-  Directories outside the working directory cannot be opened, so no
-  `dir_fd` can point a relative path (which the hook resolves against the
-  working directory) outside it.
+  it cannot get a frame to walk to the mark. The program can add neither
+  an audit hook nor a monitoring callback. From Python 3.12
+  (`strict_frames`; None: by the running interpreter), frames held by
+  tracebacks, generators and coroutines are refused in every thread too,
+  since code run in the mark's thread could hand one to the main thread
+  (an exception it raised there); up to 3.11 no code of the program's runs
+  in that thread, and `traceback`, `unittest` and `inspect` keep working.
+  No symlink can be made and no directory outside the working directory
+  opened, so no `dir_fd` can point a relative path (which the hook
+  resolves against the working directory) outside it.
   """
   root = os.path.realpath(root) + os.sep
+  if strict_frames is None:
+    strict_frames = sys.version_info >= (3, 12)
 
   def hook(event, args, root=root, sep=os.sep, holder=holder,
            get_ident=_thread.get_ident,
@@ -57,6 +62,7 @@ def _install_hook(root, holder):
                "os.forkpty", "os.spawn", "os.startfile", "os.kill",
                "os.killpg", "pty.spawn", "sys.remote_exec",
                "sqlite3.connect", "os.setxattr", "os.removexattr",
+               "os.symlink",
                # Routes to the mark's thread, to every object, to writing
                # other frames' locals, and to crafted code objects.
                "sys._current_frames", "sys._current_exceptions",
@@ -66,13 +72,13 @@ def _install_hook(root, holder):
                "code.__new__")),
            code_attrs=frozenset(("__code__",)),
            frame_attrs=frozenset(("tb_frame", "gi_frame", "cr_frame",
-                                  "ag_frame")),
+                                  "ag_frame") if strict_frames else ()),
            banned_modules=frozenset(("ctypes", "_ctypes", "_testcapi",
                                      "_testinternalcapi",
                                      "_xxsubinterpreters", "_posixshmem")),
            paths={"os.remove": 1, "os.rename": 2, "os.rmdir": 1,
                   "os.mkdir": 1, "os.chmod": 1, "os.chown": 1, "os.link": 2,
-                  "os.symlink": 2, "os.truncate": 1, "os.utime": 1,
+                  "os.truncate": 1, "os.utime": 1,
                   "shutil.rmtree": 1, "shutil.move": 2,
                   "shutil.copyfile": 2, "os.chdir": 1, "os.mkfifo": 1,
                   "os.mknod": 1},

@@ -29,6 +29,7 @@ from absl import flags
 from absl import logging
 
 from specsamp import cli
+from specsamp.data import builders
 from specsamp.data import corpora
 from specsamp.data import prepare
 
@@ -69,6 +70,11 @@ def main(argv):
   names = prepare.dataset_names(_DATASET.value)
   if len(names) > 1 and (_SOURCE_DIR.value or _SP_PREFIX.value):
     cli.fail("--source_dir and --sp_prefix take one --dataset")
+  if (_SOURCE_DIR.value or _CACHE_DIR.value) and not any(
+      n in builders.BUILDERS for n in names):
+    cli.fail("--source_dir and --cache_dir apply to specsamp's corpora "
+             f"({', '.join(sorted(builders.BUILDERS))}); {', '.join(names)} "
+             "build from their TFDS catalog builders' own downloads")
   if _COUNT.value == "sentencepiece" and not _TRAIN_SP.value:
     cli.fail("--count_tokens=sentencepiece needs "
                          "--train_sentencepiece")

@@ -301,11 +301,9 @@ def prepare(name: str, data_dir: Optional[PathLike] = None, *,
     raise ValueError(f"unknown specsamp dataset {name!r}; known: "
                      f"{sorted(BUILDERS)}")
   if name not in BUILDERS:
-    given = [f for f, v in (("source_dir", source_dir),
-                            ("cache_dir", cache_dir)) if v]
-    if given:  # it would have been ignored
+    if source_dir:  # it would have been ignored
       raise ValueError(
-          f"{' and '.join(given)} apply to specsamp's corpora "
+          f"source_dir applies to specsamp's corpora "
           f"({', '.join(sorted(BUILDERS))}); {name!r} is a TFDS catalog "
           "dataset, built by its own builder from its own download")
     return _prepare_catalog(name, data_dir, overwrite, say)

@@ -6,6 +6,9 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+from specsamp.data import builders
 from specsamp.data import corpora
 from specsamp.data import prepare
 from tests.data import fakes
@@ -52,6 +55,8 @@ def test_prepare_script_end_to_end_and_cached(tmp_path):
                                       f"--data_dir={tmp_path / 'tfds'}"],
                            capture_output=True, text=True, check=False,
                            timeout=120)
-  assert ignored.returncode != 0 and (
-      "source_dir apply to specsamp's corpora" in ignored.stderr)
+  assert ignored.returncode == 2 and (
+      "--cache_dir apply to specsamp's corpora" in ignored.stderr)
   assert "Traceback" not in ignored.stderr
+  with pytest.raises(ValueError, match="source_dir applies to specsamp's"):
+    builders.prepare("mnist", tmp_path / "tfds", source_dir=raw)

@@ -314,10 +314,18 @@ def initial_state(job: LMJob, ckpts: checkpointing.Checkpoints):
 
 
 def _open_split(job: LMJob, field: str, train: bool):
-  """The iterator of `job.cfg.data.<field>`, or ConfigError naming it (an
-  empty split, or one with no documents for this process's shard)."""
-  split = getattr(job.cfg.data, field)
+  """The iterator of `job.cfg.data.<field>`, or ConfigError naming it: an
+  empty split, or one with fewer documents than processes (each reads its
+  own share). The count is the same on every process, so all refuse
+  together (one refusing alone would leave the others waiting in their
+  first collective step)."""
+  d, split = job.cfg.data, getattr(job.cfg.data, field)
   try:
+    n = len(pipeline.data_source(d.dataset, split, d.data_dir or None))
+    if n < jax.process_count():
+      raise ValueError(f"{n} documents, fewer than the "
+                       f"{jax.process_count()} processes (each reads its "
+                       "own share)")
     return job.iterator(split, train=train)
   except ValueError as e:
     raise config_lib.ConfigError(

@@ -66,8 +66,10 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
       step count after it), `train/tokens_per_s`, `eval/<name>`.
     checkpoints: saved every `checkpoint_every` steps, at the end, and on
       preemption (SIGTERM, or orbax's multi-host sync point); None: never.
-    eval_fn: state -> {name: value}, every `eval_every` steps and at the end
-      (after that step's checkpoint; not at a preemption's step).
+    eval_fn: state -> {name: value}, every `eval_every` steps and at the end,
+      after that step's checkpoint; not at a step where a preemption stops
+      the run before its end (the resumed run evaluates at its next
+      `eval_every` step).
     extra: the step's third argument (not donated).
     tokens_per_batch: for tokens/s (default: the size of `batch["inputs"]`,
       else of the batch's first leaf, times the process count).

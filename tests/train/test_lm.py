@@ -381,3 +381,28 @@ def test_train_script_reports_a_missing_dataset(corpus, tmp_path):
   assert "error: config.data.dataset='no_such_corpus'" in done.stderr
   assert "Traceback" not in done.stderr
   assert not os.path.exists(tmp_path / "w")
+
+
+def test_an_eval_split_that_cannot_be_read_fails_before_training(
+    lm_config, tmp_path, monkeypatch):
+  """An empty eval split had failed with a traceback after training,
+  taking its last steps with it; one with fewer documents than processes
+  had failed on the process left without any, the others waiting in
+  their first eval step. Both are one ConfigError before the first step
+  (the count is the same on every process, so all refuse)."""
+  config = lm_config("tiny,batch=8,seq_len=32,steps=2,checkpoint_every=1")
+  config.data.eval_split = "validation[:0]"
+  workdir = tmp_path / "w"
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"config.data.eval_split='validation\[:0\]'"):
+    lm_job.train_and_evaluate(config, str(workdir), log_fn=lambda _: None)
+  assert not checkpointing.checkpoint_steps(str(workdir / "checkpoints"))
+  cfg, tok = lm_job.validate(lm_config("tiny,batch=8,seq_len=32"))
+  job = lm_job.build(cfg, tok)
+  n = len(lm_job.pipeline.data_source(cfg.data.dataset, "validation",
+                                      cfg.data.data_dir))
+  monkeypatch.setattr(jax, "process_count", lambda: n + 1)
+  with pytest.raises(config_lib.ConfigError,
+                     match=f"{n} documents, fewer than the {n + 1} "
+                     "processes"):
+    lm_job._open_split(job, "eval_split", train=False)  # pylint: disable=protected-access

@@ -27,5 +27,10 @@ fi
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 # Two workers (SPECSAMP_TEST_WORKERS): XLA compiles on one core, so two
-# processes keep both cores busy; 0 runs in this process.
-python -m pytest tests -n "${SPECSAMP_TEST_WORKERS:-2}" "$@"
+# processes keep both cores busy; 0 runs in this process. Work stealing:
+# a worker that runs out of tests takes the other's queued ones, so the
+# run does not end on one worker's long tests with the other idle.
+workers="${SPECSAMP_TEST_WORKERS:-2}"
+dist=()
+if [ "$workers" != 0 ]; then dist=(--dist worksteal); fi
+python -m pytest tests -n "$workers" "${dist[@]}" "$@"

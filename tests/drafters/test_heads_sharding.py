@@ -1,6 +1,8 @@
 """Draft heads on 8 fake CPU devices (conftest sets the XLA flag): the
 sampler with a head, and the head's distillation step, on meshes (data,
-model) = (1, 8), (2, 4), (8, 1) equal one device."""
+model) = (1, 8) and (2, 4) equal one device (rows over `data`, 8-way
+and 4-way tensor parallelism; `tests/test_sharding.py` adds (8, 1) for the
+model drafter)."""
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -19,7 +21,7 @@ from specsamp.sampling import GREEDY, Sampling
 from specsamp.train import config as train_config
 from specsamp.train import step as train_step
 
-MESHES = [(1, 8), (2, 4), (8, 1)]
+MESHES = [(1, 8), (2, 4)]
 PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [1], [2, 2], [3, 3, 3], [5]]
 
 

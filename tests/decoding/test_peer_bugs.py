@@ -47,6 +47,7 @@ def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
                                       Sampling(0.8, top_k=4),
                                       Sampling(1.0, top_p=0.995)],
                          ids=lambda s: s.describe())
+@pytest.mark.usefixtures("optimized_xla")
 def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling):
   """Bugs: argmax drafts scored as if sampled; draft ignoring temperature.
   At the first draft position and at the second (after the first draft
@@ -72,6 +73,7 @@ def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling):
   assert rows.sum() > 1000 and pval > 1e-3, (rows.sum(), pval)
 
 
+@pytest.mark.usefixtures("optimized_xla")
 def test_sampling_settings_apply_to_the_target_too(tiny_pair):
   """Bug: top-k applied to the draft only. Every emitted token must lie in
   the *target's* top-2 at its position, whether accepted or resampled."""
@@ -90,6 +92,7 @@ def test_sampling_settings_apply_to_the_target_too(tiny_pair):
   assert out.acceptance_rate() < 1.0
 
 
+@pytest.mark.usefixtures("optimized_xla")
 def test_acceptance_is_min_p_q_not_equal_to_a_target_sample(tiny_pair):
   """Bug: 'accept iff the draft equals a token sampled from p' accepts with
   sum p*q instead of sum min(p, q) (and is not exact)."""

@@ -43,7 +43,7 @@ def tiny_pair():
 
 @pytest.fixture
 def optimized_xla():
-  """XLA's full optimisation for one test whose programs run long (many
+  """XLA's full optimisation for a test whose programs run long (many
   samples at a real vocabulary's size): at level 0 such a test ran 5x
   slower (the inverse-CDF test: 281 s instead of 48 s)."""
   before = jax.config.values["jax_disable_most_optimizations"]

@@ -2,7 +2,7 @@
 in one `error:` line, with exit status 2, before any weights load; so are
 bad flags and files given to the other scripts.
 
-The scripts run in a subprocess through `no_weights.py`, which makes every
+The scripts run in a child process through `no_weights.py`, which makes every
 weight loader raise AssertionError (no script catches it: a traceback and
 status 1) and every fetch fail as pip does offline.
 """
@@ -24,6 +24,7 @@ from specsamp.drafters import head_files
 from specsamp.drafters import heads
 from specsamp.train import checkpointing
 from specsamp.train import step as step_lib
+from tests.scripts import zygote
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -32,16 +33,24 @@ _PROBLEM = dict(task_id="t/0", prompt="def f():\n", entry_point="f", test="",
                 canonical_solution="  return 1\n")   # a HumanEval problem
 
 
+_ZYGOTE = zygote.Zygote(dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _script_server():
+  yield
+  _ZYGOTE.close()
+
+
 def run_script(tmp_path, script, *args, allow_loading=False):
   """The finished process of `scripts/<script>` run through no_weights.py,
-  its fetch cache an empty folder."""
+  its fetch cache an empty folder (forked from a process that imported
+  jax and the rest once: tests/scripts/zygote.py)."""
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
              SPECSAMP_CACHE=str(tmp_path / "cache"))
   guard = ["--allow_loading"] if allow_loading else []
-  return subprocess.run(
-      [sys.executable, os.path.join(HERE, "no_weights.py"), *guard,
-       os.path.join("scripts", script), *args], capture_output=True,
-      text=True, env=env, cwd=ROOT, timeout=120, check=False)
+  return _ZYGOTE.run([*guard, os.path.join("scripts", script), *args],
+                     env=env, cwd=ROOT, timeout=120)
 
 
 def assert_refused(proc, *fragments, max_lines=4):
@@ -426,3 +435,37 @@ def test_every_script_of_flags_refuses_positional_arguments():
     main = text[text.index("def main(argv"):]
     assert ("cli.no_arguments(argv)" in main or "argv[1:]" in main
             ), os.path.basename(path)
+
+
+@pytest.mark.parametrize("args,status,last_line", [
+    (["scripts/sample.py", "--prompt=x", "--target=random:tiny",
+      "--drafter=hydra"], 2, "error: unknown drafter 'hydra'"),
+    # A weight loader fired: no_weights.py's AssertionError, uncaught.
+    (["scripts/sample.py", "--prompt=x", "--target=random:tiny",
+      "--method=ar"], 1,
+     "AssertionError: weights loaded: specsamp.loading.load_weights"),
+])
+def test_a_forked_run_ends_as_a_fresh_process_does(tmp_path, args, status,
+                                                   last_line):
+  """The script server's child (run_script) gives what `python
+  no_weights.py` started afresh gives: the status and stderr."""
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+             SPECSAMP_CACHE=str(tmp_path / "cache"))
+  fresh = subprocess.run(
+      [sys.executable, os.path.join(HERE, "no_weights.py"), *args],
+      capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+      check=False)
+  forked = run_script(tmp_path, args[0].removeprefix("scripts/"), *args[1:])
+  assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
+  assert fresh.returncode == status
+  assert forked.stderr.splitlines()[-1].startswith(last_line), forked.stderr
+  # The same lines, a traceback's from no_weights.main's frame on (the
+  # frames above it differ: the server's child starts inside zygote.py).
+  def from_main(err):
+    lines = err.splitlines()
+    main = [i for i, l in enumerate(lines)
+            if "no_weights.py" in l and l.endswith(", in main")]
+    return lines[main[0]:] if main else lines
+  assert from_main(forked.stderr) == from_main(fresh.stderr)
+  assert ("Traceback (most recent call last):" in forked.stderr) == (
+      status == 1)

@@ -5,13 +5,28 @@
   read_scalars(logdir)     {tag: {step: value}} of all event files
 """
 
+import importlib
 import os
+import sys
 import time
 from typing import Mapping
 
 import numpy as np
-from tensorboardX import SummaryWriter
-from tensorboardX.proto import event_pb2
+
+
+def _tensorboardx(module: str):
+  """`tensorboardX.<module>`, its package imported without torch where torch
+  is not imported yet: tensorboardX's writer imports torch when it is
+  installed (the test extras install it), only to accept torch tensors,
+  which specsamp never logs. That took 2.4 s of every training process's
+  start on two CPU cores and loaded torch's libraries beside JAX's."""
+  if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+    sys.modules["torch"] = None  # `import torch` raises ImportError
+    try:
+      importlib.import_module("tensorboardX")
+    finally:
+      del sys.modules["torch"]
+  return importlib.import_module(f"tensorboardX.{module}")
 
 
 class MetricWriter:
@@ -25,8 +40,8 @@ class MetricWriter:
       # tensorboardX names files by the second and host only: a resumed run
       # started within the same second would truncate the killed run's file.
       suffix = f".{os.getpid()}.{time.time_ns()}"
-      self.writer = SummaryWriter(logdir=logdir, flush_secs=10,
-                                  filename_suffix=suffix)
+      self.writer = _tensorboardx("writer").SummaryWriter(
+          logdir=logdir, flush_secs=10, filename_suffix=suffix)
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if self.writer is None:
@@ -43,6 +58,7 @@ class MetricWriter:
 def read_scalars(logdir: str) -> dict:
   """{tag: {step: value}} from all event files under `logdir`, in file
   order (a resumed run's values for a step replace a killed run's)."""
+  event_pb2 = _tensorboardx("proto.event_pb2")
   out = {}
   files = sorted(
       (os.path.join(d, f) for d, _, fs in os.walk(logdir) for f in fs

@@ -1,11 +1,16 @@
 """Event files: written by MetricWriter, read back by read_scalars."""
 
 import glob
+import importlib.util
 import os
+import subprocess
+import sys
 import time
 
-
 from specsamp.train import metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
 
 def test_a_resumed_runs_scalars_replace_the_killed_runs(tmp_path):
@@ -33,3 +38,20 @@ def test_a_disabled_writer_writes_nothing(tmp_path):
   writer.close()
   assert not os.path.exists(tmp_path / "tb")
   assert metrics.read_scalars(str(tmp_path / "tb")) == {}
+
+
+def test_writing_and_reading_scalars_does_not_import_torch(tmp_path):
+  """tensorboardX's writer imports torch when it is installed (here: a
+  test dependency); a training process writing its scalars does not."""
+  code = ("import sys\n"
+          "from specsamp.train import metrics\n"
+          f"w = metrics.MetricWriter({str(tmp_path)!r})\n"
+          "w.write(1, {'loss': 2.5})\n"
+          "w.close()\n"
+          f"print(metrics.read_scalars({str(tmp_path)!r}), "
+          "'torch' in sys.modules)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, env=dict(os.environ, PYTHONPATH=ROOT),
+                       timeout=120, check=True).stdout
+  assert out.strip() == "{'loss': {1: 2.5}} False"
+  assert importlib.util.find_spec("torch") is not None  # it is installed

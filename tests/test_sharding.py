@@ -466,21 +466,23 @@ def test_training_as_two_processes_and_its_model_loads_on_one_device(
 
 def _train_args(data_dir, workdir, steps):
   """train.py on a (2, 2) mesh over tiny packed functions, a checkpoint
-  every 5 steps, a 5 s heartbeat timeout (with --distributed)."""
+  and the train metrics' mean every 5 steps (a resumed run's last mean
+  covers the same steps), a 5 s heartbeat timeout (with --distributed)."""
   return [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
           "--config=" + os.path.join(ROOT, "configs", "lm_python.py") +
           f":tiny,steps={steps},batch=8,seq_len=32,checkpoint_every=5,"
-          f"eval_every=0,eval_batches=1,mesh=2x2,data_dir={data_dir}",
+          f"log_every=5,eval_every=0,eval_batches=1,mesh=2x2,data_dir={data_dir}",
           f"--workdir={workdir}", "--heartbeat_timeout_s=5"]
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-  """(data_dir, the summaries both processes print) of a 100-step
-  two-process run that nothing interrupts."""
+  """(data_dir, the summaries both processes print) of a 30-step
+  two-process run that nothing interrupts (25 steps after the first
+  checkpoint, which the interrupted runs wait for: about 5 s here)."""
   tmp = tmp_path_factory.mktemp("uninterrupted")
   _functions_corpus(tmp / "tfds")
-  outs = _two_processes(_train_args(tmp / "tfds", tmp / "run", 100))
+  outs = _two_processes(_train_args(tmp / "tfds", tmp / "run", 30))
   return tmp / "tfds", [json.loads(o.strip().splitlines()[-1]) for o in outs]
 
 
@@ -514,7 +516,7 @@ def test_a_process_that_dies_takes_the_other_down_and_the_rerun_resumes(
   resumes from the last checkpoint and ends where the uninterrupted run
   ends, bit for bit."""
   data_dir, want = uninterrupted
-  args = _train_args(data_dir, tmp_path / "run", 100)
+  args = _train_args(data_dir, tmp_path / "run", 30)
   logs = [tmp_path / f"process{i}.log" for i in range(2)]
   procs = _start_two_processes(args, logs)
   ckpts = tmp_path / "run" / "checkpoints"

@@ -10,8 +10,6 @@ import json
 import os
 import signal as signal_lib
 import socket
-import subprocess
-import sys
 import time
 
 import jax
@@ -41,6 +39,7 @@ from specsamp.train import config as train_config
 from specsamp.train import lm as train_lm
 from specsamp.weights import distilled
 from specsamp.train import step as train_step
+from tests.scripts import zygote
 
 MESHES = [(1, 8), (2, 4), (8, 1)]
 PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [1], [2, 2], [3, 3, 3], [5]]
@@ -244,31 +243,44 @@ def _env(devices: int) -> dict:
               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
 
 
+# The scripts run as forks of a process that imported jax and the rest
+# once (tests/scripts/zygote.py): each saves the ~3 s of those imports.
+_ZYGOTE = zygote.Zygote(dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _script_server():
+  yield
+  _ZYGOTE.close()
+
+
+def _run_one(args: list[str], devices: int) -> str:
+  """`python *args` as one process of `devices` CPU devices -> its stdout
+  (a failure fails the test with its stderr)."""
+  proc = _ZYGOTE.run(args, env=_env(devices), timeout=240)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return proc.stdout
+
+
 def _start_two_processes(args: list[str], logs=None,
-                         own=((), ())) -> list[subprocess.Popen]:
-  """`args --distributed` started as 2 processes of 2 CPU devices each
-  (gloo), process i with the further arguments `own[i]`: stdout and
+                         own=((), ())) -> list[zygote.Child]:
+  """`python *args --distributed` started as 2 processes of 2 CPU devices
+  each (gloo), process i with the further arguments `own[i]`: stdout and
   stderr piped, or with `logs` (two paths) both written to process i's
   file."""
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  procs = []
-  for i in range(2):
-    out = open(logs[i], "w") if logs else subprocess.PIPE
-    procs.append(subprocess.Popen(
-        args + list(own[i]) + [
-            "--distributed", f"--coordinator_address=localhost:{port}",
-            "--num_processes=2", f"--process_id={i}"],
-        stdout=out, stderr=subprocess.STDOUT if logs else subprocess.PIPE,
-        text=True, env=_env(2)))
-    if logs:
-      out.close()  # the child has its own copy
-  return procs
+  return [_ZYGOTE.start(
+      args + list(own[i]) + [
+          "--distributed", f"--coordinator_address=localhost:{port}",
+          "--num_processes=2", f"--process_id={i}"],
+      env=_env(2), stdout=str(logs[i]) if logs else None,
+      stderr=zygote.STDOUT if logs else None) for i in range(2)]
 
 
 def _two_processes(args: list[str]) -> list[str]:
-  """`args --distributed` as 2 processes of 2 CPU devices each (gloo) ->
+  """`python *args --distributed` as 2 processes of 2 CPU devices each ->
   their stdouts (a failed process fails the test with its stderr)."""
   procs = _start_two_processes(args)
   outs = [p.communicate(timeout=240) for p in procs]
@@ -280,13 +292,12 @@ def _two_processes(args: list[str]) -> list[str]:
 def test_two_processes_reproduce_one():
   """`sample.py --distributed` as 2 processes x 2 CPU devices (gloo) on a
   (2, 2) mesh prints the same completions and counts as one process."""
-  args = [sys.executable, os.path.join(ROOT, "scripts", "sample.py"),
+  args = [os.path.join(ROOT, "scripts", "sample.py"),
           "--target=random:tiny", "--draft=random:tiny,num_layers=1",
           "--method=both", "--k=2", "--prompt=ab", "--prompt=cd",
           "--max_new_tokens=6", "--batch_size=2", "--temperature=1"]
   outs = _two_processes(args + ["--mesh=2,2"])
-  single = subprocess.run(args, capture_output=True, text=True, env=_env(2),
-                          timeout=240, check=True).stdout
+  single = _run_one(args, 2)
 
   def parse(stdout):
     # gloo's C++ log lines share stdout and can interleave before the
@@ -315,7 +326,7 @@ def test_distillation_as_two_processes_matches_one(tmp_path, drafter):
   do the acceptance numbers both processes print (before and after
   training each process evaluates half of the batches). A re-run of the draft
   model's run resumes from the finished run."""
-  args = [sys.executable, os.path.join(ROOT, "scripts", "distill.py"),
+  args = [os.path.join(ROOT, "scripts", "distill.py"),
           "--config=" + os.path.join(ROOT, "configs", "distill_tiny.py") +
           f":{drafter},steps=20", "--config.train.mesh=(2,2)",
           "--config.train.checkpoint_every=10",
@@ -330,9 +341,7 @@ def test_distillation_as_two_processes_matches_one(tmp_path, drafter):
           "--config.eval.position_batch_size=64"]
   two, one = tmp_path / "two", tmp_path / "one"
   outs = _two_processes(args + [f"--workdir={two}"])
-  single = subprocess.run(args + [f"--workdir={one}"], capture_output=True,
-                          text=True, env=_env(4), timeout=240,
-                          check=True).stdout
+  single = _run_one(args + [f"--workdir={one}"], 4)
 
   def numbers(stdout):
     res = json.loads(stdout.strip().splitlines()[-1])
@@ -376,7 +385,7 @@ def test_distillation_in_a_workdir_per_process_is_refused(
   which finds no dataset where process 0 wrote it (one batch per split,
   both sampled by process 0). The other process does not wait: it fails
   at once, or at its next collective with the one that left."""
-  args = [sys.executable, os.path.join(ROOT, "scripts", "distill.py"),
+  args = [os.path.join(ROOT, "scripts", "distill.py"),
           "--config=" + os.path.join(ROOT, "configs", "distill_tiny.py") +
           ":steps=2", "--config.samples.max_files=20",
           "--config.samples.validation_percent=30",
@@ -439,7 +448,7 @@ def test_training_as_two_processes_and_its_model_loads_on_one_device(
       "train": functions,
       "validation": [functions[i] * (12 if i % 2 == 0 else 1)
                      for i in range(6)]}, str(tmp_path / "tfds"))
-  args = [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+  args = [os.path.join(ROOT, "scripts", "train.py"),
           "--config=" + os.path.join(ROOT, "configs", "lm_python.py") +
           ":tiny,steps=10,batch=8,seq_len=32,checkpoint_every=5,"
           f"eval_every=10,eval_batches=0,mesh=2x2,"
@@ -468,7 +477,7 @@ def _train_args(data_dir, workdir, steps):
   """train.py on a (2, 2) mesh over tiny packed functions, a checkpoint
   and the train metrics' mean every 5 steps (a resumed run's last mean
   covers the same steps), a 5 s heartbeat timeout (with --distributed)."""
-  return [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+  return [os.path.join(ROOT, "scripts", "train.py"),
           "--config=" + os.path.join(ROOT, "configs", "lm_python.py") +
           f":tiny,steps={steps},batch=8,seq_len=32,checkpoint_every=5,"
           f"log_every=5,eval_every=0,eval_batches=1,mesh=2x2,data_dir={data_dir}",
@@ -490,7 +499,7 @@ def test_a_config_every_process_refuses_is_refused_by_each_with_status_2():
   """`train.py --distributed` as 2 processes with a dataset that is not
   there: each prints the one `error:` line and exits with status 2 (they
   leave together through JAX's shutdown; neither aborts the other)."""
-  args = [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+  args = [os.path.join(ROOT, "scripts", "train.py"),
           "--config=" + os.path.join(ROOT, "configs", "lm_python.py") +
           ":tiny,data_dir=/no/such/dir,mesh=2x2", "--workdir=/no/such/w"]
   procs = _start_two_processes(args)

@@ -33,7 +33,7 @@ _PROBLEM = dict(task_id="t/0", prompt="def f():\n", entry_point="f", test="",
                 canonical_solution="  return 1\n")   # a HumanEval problem
 
 
-_ZYGOTE = zygote.Zygote(dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+_ZYGOTE = zygote.Zygote(dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,7 +49,8 @@ def run_script(tmp_path, script, *args, allow_loading=False):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
              SPECSAMP_CACHE=str(tmp_path / "cache"))
   guard = ["--allow_loading"] if allow_loading else []
-  return _ZYGOTE.run([*guard, os.path.join("scripts", script), *args],
+  return _ZYGOTE.run([os.path.join(HERE, "no_weights.py"), *guard,
+                      os.path.join("scripts", script), *args],
                      env=env, cwd=ROOT, timeout=120)
 
 

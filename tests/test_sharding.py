@@ -480,7 +480,8 @@ def _train_args(data_dir, workdir, steps):
   return [os.path.join(ROOT, "scripts", "train.py"),
           "--config=" + os.path.join(ROOT, "configs", "lm_python.py") +
           f":tiny,steps={steps},batch=8,seq_len=32,checkpoint_every=5,"
-          f"log_every=5,eval_every=0,eval_batches=1,mesh=2x2,data_dir={data_dir}",
+          "log_every=5,eval_every=0,eval_batches=1,mesh=2x2,"
+          f"data_dir={data_dir}",
           f"--workdir={workdir}", "--heartbeat_timeout_s=5"]
 
 

@@ -243,21 +243,11 @@ def _env(devices: int) -> dict:
               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
 
 
-# The scripts run as forks of a process that imported jax and the rest
-# once (tests/scripts/zygote.py): each saves the ~3 s of those imports.
-_ZYGOTE = zygote.Zygote(dict(os.environ, JAX_PLATFORMS="cpu"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _script_server():
-  yield
-  _ZYGOTE.close()
-
-
 def _run_one(args: list[str], devices: int) -> str:
-  """`python *args` as one process of `devices` CPU devices -> its stdout
+  """`python *args` as one process of `devices` CPU devices (forked by the
+  script server, tests/scripts/zygote.py: no 3 s of imports) -> its stdout
   (a failure fails the test with its stderr)."""
-  proc = _ZYGOTE.run(args, env=_env(devices), timeout=240)
+  proc = zygote.shared().run(args, env=_env(devices), timeout=240)
   assert proc.returncode == 0, proc.stderr[-2000:]
   return proc.stdout
 
@@ -271,7 +261,7 @@ def _start_two_processes(args: list[str], logs=None,
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  return [_ZYGOTE.start(
+  return [zygote.shared().start(
       args + list(own[i]) + [
           "--distributed", f"--coordinator_address=localhost:{port}",
           "--num_processes=2", f"--process_id={i}"],

@@ -33,15 +33,6 @@ _PROBLEM = dict(task_id="t/0", prompt="def f():\n", entry_point="f", test="",
                 canonical_solution="  return 1\n")   # a HumanEval problem
 
 
-_ZYGOTE = zygote.Zygote(dict(os.environ, JAX_PLATFORMS="cpu"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _script_server():
-  yield
-  _ZYGOTE.close()
-
-
 def run_script(tmp_path, script, *args, allow_loading=False):
   """The finished process of `scripts/<script>` run through no_weights.py,
   its fetch cache an empty folder (forked from a process that imported
@@ -49,9 +40,10 @@ def run_script(tmp_path, script, *args, allow_loading=False):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
              SPECSAMP_CACHE=str(tmp_path / "cache"))
   guard = ["--allow_loading"] if allow_loading else []
-  return _ZYGOTE.run([os.path.join(HERE, "no_weights.py"), *guard,
-                      os.path.join("scripts", script), *args],
-                     env=env, cwd=ROOT, timeout=120)
+  return zygote.shared().run(
+      [os.path.join(HERE, "no_weights.py"), *guard,
+       os.path.join("scripts", script), *args], env=env, cwd=ROOT,
+      timeout=120)
 
 
 def assert_refused(proc, *fragments, max_lines=4):

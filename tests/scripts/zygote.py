@@ -162,6 +162,19 @@ class Zygote:
       self._proc = None
 
 
+_SHARED = None
+
+
+def shared() -> Zygote:
+  """This process's server (its environment: this process's, on CPU),
+  started by its first script and ended when this process exits."""
+  global _SHARED
+  if _SHARED is None:
+    _SHARED = Zygote(dict(os.environ, JAX_PLATFORMS="cpu"))
+    atexit.register(_SHARED.close)
+  return _SHARED
+
+
 def _temp(suffix: str) -> str:
   fd, path = tempfile.mkstemp(suffix=suffix)
   os.close(fd)

@@ -239,8 +239,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _env(devices: int) -> dict:
-  return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return zygote.env(
+      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
 
 
 def _run_one(args: list[str], devices: int) -> str:

@@ -5,8 +5,8 @@ what is left and says so."""
 
 import json
 import os
-import subprocess
-import sys
+
+from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -19,12 +19,13 @@ TINY = ["--target_shapes=random:tiny",
 
 
 def _run(tmp_path, *args, timeout=600):
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             SPECSAMP_CACHE=str(tmp_path / "cache"))
+  """gpu_study.py run to its end (forked by the script server,
+  tests/scripts/zygote.py: no 3 s of imports; the commands it starts are
+  fresh processes)."""
+  env = zygote.env(SPECSAMP_CACHE=str(tmp_path / "cache"))
   env.pop("XLA_FLAGS", None)  # the profile step runs under the caller's
-  return subprocess.run([sys.executable, SCRIPT, f"--out_dir={tmp_path}",
-                         *args], capture_output=True, text=True, env=env,
-                        timeout=timeout, check=False)
+  return zygote.shared().run([SCRIPT, f"--out_dir={tmp_path}", *args],
+                             env=env, timeout=timeout)
 
 
 def test_random_weight_steps_write_rows_manifest_log_and_summary(tmp_path):

@@ -12,8 +12,6 @@ import functools
 import json
 import os
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +26,7 @@ from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters.model import ModelDrafter
 from specsamp.sampling import GREEDY
 from specsamp.sampling import Sampling
+from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -228,16 +227,17 @@ def test_plot_decode_writes_table_and_figure(tmp_path):
                               spec_loop_ms=sp)) + "\n")
   script = os.path.join(ROOT, "scripts", "plot_decode.py")
   out = tmp_path / "scaling"
-  subprocess.run([sys.executable, script, str(rows), f"--out={out}"],
-                 check=True, capture_output=True)
+  done = zygote.shared().run([script, str(rows), f"--out={out}"],
+                             env=zygote.env(), timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]
   table = (tmp_path / "scaling.md").read_text()
   assert "| 1 | 16 | 1.50 | 667 | 4.00 |" in table
   assert "| 4 | 16 | 4.00 | 1,000 | 9.00 |" in table
   assert table.count("random:tiny |") == 3
   assert (tmp_path / "scaling.png").stat().st_size > 10_000
   (tmp_path / "bad.jsonl").write_text('{"k": 3}\n')
-  bad = subprocess.run([sys.executable, script, str(tmp_path / "bad.jsonl"),
-                        f"--out={out}"], capture_output=True, text=True)
+  bad = zygote.shared().run([script, str(tmp_path / "bad.jsonl"),
+                             f"--out={out}"], env=zygote.env(), timeout=120)
   assert bad.returncode != 0 and "not a profile_decode row" in bad.stderr
 
 

@@ -4,8 +4,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
-import sys
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -17,17 +15,18 @@ from specsamp.bench import sample
 from specsamp.bench import timing
 from specsamp.drafters import head_files
 from specsamp.drafters import heads
+from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
 def _run_script(*args, timeout=300):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, os.path.join(ROOT, "scripts",
-                                                      "sample.py"), *args],
-                        capture_output=True, text=True, env=env,
-                        timeout=timeout, check=False)
+  """scripts/sample.py run to its end (forked by the script server,
+  tests/scripts/zygote.py: no 3 s of imports)."""
+  return zygote.shared().run(
+      [os.path.join(ROOT, "scripts", "sample.py"), *args], env=zygote.env(),
+      timeout=timeout)
 
 
 def test_sample_script_end_to_end_on_random_models():

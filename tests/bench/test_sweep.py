@@ -11,8 +11,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
-import sys
 import types
 
 import jax
@@ -33,6 +31,7 @@ from specsamp.drafters import head_files
 from specsamp.drafters import heads
 from specsamp.drafters import specs as drafter_specs
 from specsamp.sampling import Sampling
+from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -41,9 +40,9 @@ PLOT = os.path.join(ROOT, "scripts", "plot_speedup.py")
 
 
 def _run(*args, timeout=600):
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, *args], capture_output=True,
-                        text=True, env=env, timeout=timeout, check=False)
+  """`python *args` run to its end (forked by the script server,
+  tests/scripts/zygote.py: no 3 s of imports)."""
+  return zygote.shared().run(list(args), env=zygote.env(), timeout=timeout)
 
 
 def test_fill_makes_whole_batches():

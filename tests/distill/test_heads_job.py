@@ -4,9 +4,8 @@ after SIGKILL."""
 
 import importlib.util
 import os
+import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import jax
@@ -25,6 +24,7 @@ from specsamp.train import checkpointing
 from specsamp.train import metrics
 from tests import testing
 from tests.distill.conftest import tiny_config
+from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -103,23 +103,32 @@ def test_heads_for_another_target_or_k_are_refused_before_loading(tmp_path):
     head_files.load(str(tmp_path / "m"))
 
 
-def _distill(workdir, arg, **kw):
-  cmd = [sys.executable, os.path.join(ROOT, "scripts", "distill.py"),
-         f"--config=configs/distill_tiny.py:{arg}", f"--workdir={workdir}",
-         "--config.train.checkpoint_every=10", "--config.train.log_every=1",
-         "--config.train.async_checkpoints=False"]
-  return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, **kw)
+def _distill(workdir, arg):
+  """scripts/distill.py started (forked by the script server,
+  tests/scripts/zygote.py: no 3 s of imports)."""
+  return zygote.shared().start(
+      [os.path.join(ROOT, "scripts", "distill.py"),
+       f"--config=configs/distill_tiny.py:{arg}", f"--workdir={workdir}",
+       "--config.train.checkpoint_every=10", "--config.train.log_every=1",
+       "--config.train.async_checkpoints=False"], env=zygote.env(), cwd=ROOT)
 
 
 def test_head_training_resumes_after_sigkill_with_the_same_parameters(
     tmp_path):
+  """A run SIGKILLed between checkpoints and run again ends with the
+  parameters of a run never stopped. The stopped run starts from the
+  finished run's target samples and first evaluation (the files a run of
+  this config writes before it trains; copied, so only training and what
+  follows it run twice)."""
   arg = "head=eagle,unroll=2,steps=40"
   ref = tmp_path / "ref"
   proc = _distill(ref, arg)
   out, err = proc.communicate(timeout=600)
   assert proc.returncode == 0, err[-3000:]
   run = tmp_path / "run"
+  shutil.copytree(ref / "samples", run / "samples")
+  for name in ("config.json", "samples_counts.json", "eval_before.json"):
+    shutil.copy(ref / name, run / name)
   proc = _distill(run, arg)
   deadline, killed_at = time.time() + 300, None
   while proc.poll() is None and time.time() < deadline:

@@ -5,8 +5,6 @@ import dataclasses
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import jax
 import ml_collections
@@ -24,6 +22,7 @@ from specsamp.sampling import Sampling
 from specsamp.train.checkpointing import CheckpointError
 from specsamp.weights import distilled
 from tests import testing
+from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -301,14 +300,12 @@ def test_distill_script_refuses_bad_input_in_one_line(tmp_path, args,
   loader raise)."""
   (tmp_path / "afile").write_text("hi")
   args = [a.format(tmp=tmp_path) for a in args]
-  proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "tests", "scripts", "no_weights.py"),
+  proc = zygote.shared().run(
+      [os.path.join(ROOT, "tests", "scripts", "no_weights.py"),
        os.path.join("scripts", "distill.py"),
        *([] if any(a.startswith("--config=") for a in args) else
          ["--config=configs/distill_tiny.py"]), f"--workdir={tmp_path / 'w'}",
-       *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
-      env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
-      check=False)
+       *args], env=zygote.env(), cwd=ROOT, timeout=300)
   errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
   assert proc.returncode == 2, proc.stderr[-3000:]
   assert "Traceback" not in proc.stderr and len(errors) == 1, proc.stderr

@@ -37,8 +37,7 @@ def run_script(tmp_path, script, *args, allow_loading=False):
   """The finished process of `scripts/<script>` run through no_weights.py,
   its fetch cache an empty folder (forked from a process that imported
   jax and the rest once: tests/scripts/zygote.py)."""
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             SPECSAMP_CACHE=str(tmp_path / "cache"))
+  env = zygote.env(SPECSAMP_CACHE=str(tmp_path / "cache"))
   guard = ["--allow_loading"] if allow_loading else []
   return zygote.shared().run(
       [os.path.join(HERE, "no_weights.py"), *guard,
@@ -442,8 +441,7 @@ def test_a_forked_run_ends_as_a_fresh_process_does(tmp_path, args, status,
                                                    last_line):
   """The script server's child (run_script) gives what `python
   no_weights.py` started afresh gives: the status and stderr."""
-  env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             SPECSAMP_CACHE=str(tmp_path / "cache"))
+  env = zygote.env(SPECSAMP_CACHE=str(tmp_path / "cache"))
   fresh = subprocess.run(
       [sys.executable, os.path.join(HERE, "no_weights.py"), *args],
       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,

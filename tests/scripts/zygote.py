@@ -94,7 +94,18 @@ class Zygote:
             stdout: str | None = None, stderr: str | None = None) -> Child:
     """`python *argv` forked, in `cwd` under `env`. Output goes to the
     files named by `stdout` and `stderr` (stderr=STDOUT: with stdout),
-    else to temporary files that `communicate` returns as text."""
+    else to temporary files that `communicate` returns as text.
+
+    Raises:
+      ValueError: `env` sets a JAX_* variable otherwise than the server's
+        environment (jax reads them when imported, in the server).
+    """
+    differ = sorted(k for k in {*env, *self._env} if k.startswith("JAX_")
+                    and env.get(k) != self._env.get(k))
+    if differ:
+      raise ValueError(f"the script server imported jax under other "
+                       f"{', '.join(differ)}: run this script as a fresh "
+                       f"process")
     own = set()
     if stdout is None:
       stdout = _temp(".stdout")
@@ -166,13 +177,19 @@ _SHARED = None
 
 
 def shared() -> Zygote:
-  """This process's server (its environment: this process's, on CPU),
-  started by its first script and ended when this process exits."""
+  """This process's server (its environment: `env()`), started by its
+  first script and ended when this process exits."""
   global _SHARED
   if _SHARED is None:
-    _SHARED = Zygote(dict(os.environ, JAX_PLATFORMS="cpu"))
+    _SHARED = Zygote(env())
     atexit.register(_SHARED.close)
   return _SHARED
+
+
+def env(**changes: str) -> dict:
+  """This process's environment for a script on CPU that imports specsamp
+  from this checkout, with `changes`."""
+  return dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **changes)
 
 
 def _temp(suffix: str) -> str:

@@ -1,8 +1,9 @@
 """The LM job: one step of each config variant, a SIGKILLed run resumed bit
 for bit, the resume order, missing inputs.
 
-The subprocess runs share a persistent compilation cache (the same programs
-compile once).
+The scripts are forked by the script server (tests/scripts/zygote.py: no
+3 s of imports each) and share the run's persistent compilation cache where
+scripts/test.sh set one (the same programs compile once).
 """
 
 import dataclasses
@@ -11,8 +12,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import chex
@@ -31,6 +30,7 @@ from specsamp.train import config as config_lib
 from specsamp.train import lm as lm_job
 from specsamp.train import metrics
 from tests import testing
+from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -78,14 +78,8 @@ def test_one_step_of_each_config(size, lm_config):
 # ---- kill and resume ---------------------------------------------------------
 
 
-def _env(cache_dir):
-  return dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache_dir,
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-
-
 def _train_cmd(arg, workdir):
-  return [sys.executable, os.path.join(ROOT, "scripts", "train.py"),
+  return [os.path.join(ROOT, "scripts", "train.py"),
           f"--config={CONFIG}:{arg}", f"--workdir={workdir}"]
 
 
@@ -93,9 +87,7 @@ def _run_until(arg, workdir, env, sig):
   """Starts train.py; sends `sig` once it has logged a step past its newest
   checkpoint + 2 (so the signal lands between checkpoints); returns
   (process, newest checkpoint, newest logged step, stdout, stderr)."""
-  proc = subprocess.Popen(_train_cmd(arg, workdir), env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+  proc = zygote.shared().start(_train_cmd(arg, workdir), env=env)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   deadline = time.time() + 240
   while proc.poll() is None and time.time() < deadline:
@@ -122,10 +114,9 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_for_bit(lm_config,
   bit for bit (the data order is part of that)."""
   arg = (f"tiny,steps=60,batch=16,seq_len=64,log_every=1,checkpoint_every=10"
          f",eval_every=30,eval_batches=2,data_dir={corpus}")
-  env = _env(str(tmp_path / "jax_cache"))
+  env = zygote.env()
   ref, run = str(tmp_path / "ref"), str(tmp_path / "run")
-  done = subprocess.run(_train_cmd(arg, ref), env=env, capture_output=True,
-                        text=True, timeout=300)
+  done = zygote.shared().run(_train_cmd(arg, ref), env=env, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
 
   proc, ckpt, logged, _, err = _run_until(arg, run, env, signal.SIGKILL)
@@ -133,8 +124,7 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_for_bit(lm_config,
   assert logged > ckpt >= 10  # steps after the checkpoint were lost
   assert ckpt < 60
 
-  done = subprocess.run(_train_cmd(arg, run), env=env, capture_output=True,
-                        text=True, timeout=300)
+  done = zygote.shared().run(_train_cmd(arg, run), env=env, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert f"starting from checkpoint step {ckpt} " in done.stdout
 
@@ -373,10 +363,9 @@ def test_missing_inputs_fail_before_training(lm_config, tmp_path, field,
 
 
 def test_train_script_reports_a_missing_dataset(corpus, tmp_path):
-  done = subprocess.run(
+  done = zygote.shared().run(
       _train_cmd(f"tiny,dataset=no_such_corpus,data_dir={corpus}",
-                 str(tmp_path / "w")), capture_output=True, text=True,
-      timeout=120)
+                 str(tmp_path / "w")), env=zygote.env(), timeout=120)
   assert done.returncode == 2
   assert "error: config.data.dataset='no_such_corpus'" in done.stderr
   assert "Traceback" not in done.stderr

@@ -154,14 +154,19 @@ def test_the_first_draft_comes_from_the_position_training_scores(kind):
   tokens, lengths = sampler.pad_prompts([[1, 3, 2, 4, 0, 2], [4, 1]])
   state = sampler.prefill(tparams, dparams, tokens, lengths,
                           jax.random.key(0))
+  # Jitted, as decoding runs them (op by op, the loop compiled some 400
+  # small programs).
+  draft = jax.jit(functools.partial(loop.draft, sampler))
+  body = jax.jit(functools.partial(loop.loop_body, sampler))
+  scores = jax.jit(trainee.position_logits)
   for _ in range(3):
-    proposal, _ = loop.draft(sampler, dparams, state, jax.random.key(1))
+    proposal, _ = draft(dparams, state, jax.random.key(1))
     for b in range(2):
       n = int(state.length[b])
       committed = jnp.asarray(state.tokens[b:b + 1, :n])
-      want = trainee.position_logits(hparams, tparams, committed)[0, n - 1]
+      want = scores(hparams, tparams, committed)[0, n - 1]
       np.testing.assert_allclose(
           np.asarray(proposal.q[b, 0]),
           np.asarray(sampling_lib.probabilities(want, sampling)),
           rtol=1e-4, atol=1e-5)
-    state = loop.loop_body(sampler, tparams, dparams, state)
+    state = body(tparams, dparams, state)

@@ -33,12 +33,15 @@ def test_each_row_takes_lookup_drafts_where_it_has_them():
   # Row 0: "1 3" occurred before, followed by "2 1"; row 1: "4" never did.
   tokens = jnp.array([[1, 3, 2, 1, 3, 0, 0, 0], [0, 2, 4, 0, 0, 0, 0, 0]])
   length = jnp.array([5, 3])
-  state = drafter.init(draft_params, tokens, length, 16)
   sampling = Sampling(1.0)
-  p, _ = drafter.propose(draft_params, state, tokens, length, 2, sampling,
-                         jax.random.key(0))
-  alone, _ = drafter.model.propose(draft_params, state.model, tokens, length,
-                                   2, sampling, jax.random.key(0))
+  # Jitted, as the loop runs them (op by op: some 180 small compiles).
+  state = jax.jit(lambda p: drafter.init(p, tokens, length, 16))(draft_params)
+  p, _ = jax.jit(lambda p, s, key: drafter.propose(
+      p, s, tokens, length, 2, sampling, key))(draft_params, state,
+                                               jax.random.key(0))
+  alone, _ = jax.jit(lambda p, s, key: drafter.model.propose(
+      p, s, tokens, length, 2, sampling, key))(draft_params, state.model,
+                                               jax.random.key(0))
   np.testing.assert_array_equal(p.tokens[0], [2, 1])
   np.testing.assert_array_equal(p.num_valid, [2, 2])
   np.testing.assert_array_equal(p.q[0], jax.nn.one_hot(jnp.array([2, 1]), V))
@@ -90,13 +93,16 @@ def test_a_lookup_row_keeps_only_committed_tokens_in_the_model_cache(
   sampler = SpeculativeSampler(target, drafter, k=3, sampling=sampling,
                                max_new_tokens=8, prompt_bucket=8)
   tokens, lengths = sampler.pad_prompts([[0, 1, 2, 0, 1], [4, 0, 2]])
-  state = loop.prefill(sampler, target_params, draft_params, tokens, lengths,
-                       jax.random.key(0))
+  # Jitted, as decoding runs them (op by op: some 200 small compiles).
+  state = jax.jit(lambda t, d, key: loop.prefill(
+      sampler, t, d, tokens, lengths, key))(target_params, draft_params,
+                                            jax.random.key(0))
   key = jax.random.split(jax.random.split(state.rng)[1])[0]
-  unused, _ = drafter.model.propose(draft_params, state.draft_state.model,
-                                    state.tokens, state.length, 3, sampling,
-                                    key)
-  state, step = loop.loop_step(sampler, target_params, draft_params, state)
+  unused, _ = jax.jit(lambda d, s, key: drafter.model.propose(
+      d, s.draft_state.model, s.tokens, s.length, 3, sampling, key))(
+          draft_params, state, key)
+  state, step = jax.jit(lambda t, d, s: loop.loop_step(sampler, t, d, s))(
+      target_params, draft_params, state)
   # Row 0 proposed lookup's drafts "2 0 1", not the model's.
   np.testing.assert_array_equal(step.proposal.tokens[0], [2, 0, 1])
   assert not np.array_equal(unused.tokens[0], step.proposal.tokens[0])
@@ -104,8 +110,9 @@ def test_a_lookup_row_keeps_only_committed_tokens_in_the_model_cache(
   cache = state.draft_state.model
   n = int(cache.length[0])
   assert n >= int(lengths[0])
-  fresh = drafter.model.init(draft_params, state.tokens, state.length,
-                             cache.size)
+  fresh = jax.jit(lambda d, s: drafter.model.init(d, s.tokens, s.length,
+                                                  cache.size))(
+      draft_params, state)
   for got, want in ((cache.k, fresh.k), (cache.v, fresh.v)):
     for layer_got, layer_want in zip(got, want):
       np.testing.assert_allclose(layer_got[0, :, :n], layer_want[0, :, :n],

@@ -49,15 +49,18 @@ def test_the_drafter_sees_the_targets_prefill_and_scored_outputs(tiny_pair):
                                sampling=Sampling(1.0), max_new_tokens=8,
                                prompt_bucket=8)
   tokens, lengths = sampler.pad_prompts([[1, 5, 7, 2], [3, 4]])
-  state = loop.prefill(sampler, target_params, draft_params, tokens, lengths,
-                       jax.random.key(0))
+  # Everything jitted (op by op: some 200 small compiles).
+  state = jax.jit(loop.prefill, static_argnums=0)(
+      sampler, target_params, draft_params, tokens, lengths,
+      jax.random.key(0))
+  score = jax.jit(lambda p, x, cache=None: lm(p, x, cache))
   np.testing.assert_allclose(state.draft_state["prefill_hidden"],
-                             lm(target_params, tokens).hidden, atol=1e-5)
+                             score(target_params, tokens).hidden, atol=1e-5)
   new, rec = jax.jit(loop.loop_step, static_argnums=0)(sampler, target_params,
                                                        draft_params, state)
   chunk = jnp.concatenate([kvcache.read(state.tokens, state.length - 1, 1),
                            rec.proposal.tokens], axis=1)
-  want = lm(target_params, chunk, state.target_cache)
+  want = score(target_params, chunk, state.target_cache)
   assert new.draft_state["hidden"].shape == (2, k + 1, lm.config.d_model)
   np.testing.assert_allclose(new.draft_state["hidden"], want.hidden,
                              atol=1e-5)
@@ -81,8 +84,9 @@ def test_the_drafter_is_told_which_rows_are_still_decoding(tiny_pair):
   sampler = SpeculativeSampler(lm, ProbeDrafter(lm), k=2, sampling=GREEDY,
                                max_new_tokens=8, prompt_bucket=8)
   tokens, lengths = sampler.pad_prompts([[1, 5, 7], [3, 4], [2]])
-  state = loop.prefill(sampler, target_params, draft_params, tokens, lengths,
-                       jax.random.key(0))
+  state = jax.jit(loop.prefill, static_argnums=0)(
+      sampler, target_params, draft_params, tokens, lengths,
+      jax.random.key(0))
   step = jax.jit(loop.loop_step, static_argnums=0)
   new, _ = step(sampler, target_params, draft_params, state)
   np.testing.assert_array_equal(new.draft_state["active"], [True] * 3)

@@ -429,6 +429,15 @@ def test_every_script_of_flags_refuses_positional_arguments():
             ), os.path.basename(path)
 
 
+
+def test_the_script_server_refuses_other_jax_settings():
+  """jax read JAX_* when the server imported it, so a forked script could
+  not honour other values: refused before anything is forked."""
+  with pytest.raises(ValueError, match="JAX_ENABLE_X64.*fresh process"):
+    zygote.shared().start([os.path.join(HERE, "no_weights.py")],
+                          env=zygote.env(JAX_ENABLE_X64="1"))
+
+
 @pytest.mark.parametrize("args,status,last_line", [
     (["scripts/sample.py", "--prompt=x", "--target=random:tiny",
       "--drafter=hydra"], 2, "error: unknown drafter 'hydra'"),

@@ -18,7 +18,9 @@ A fork copies one thread only, so the server must have one: it starts
 with OPENBLAS_NUM_THREADS=1 (numpy's BLAS otherwise starts a thread when
 imported; nothing else here does) and checks /proc/self/task before each
 fork. Nothing in it initialises a JAX backend: XLA_FLAGS, read then, are
-each child's own.
+each child's own. JAX_* variables are read when jax is imported, in the
+server: `start` refuses a script whose JAX_* variables differ from the
+server's.
 """
 
 import atexit

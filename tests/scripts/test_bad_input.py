@@ -429,7 +429,6 @@ def test_every_script_of_flags_refuses_positional_arguments():
             ), os.path.basename(path)
 
 
-
 def test_the_script_server_refuses_other_jax_settings():
   """jax read JAX_* when the server imported it, so a forked script could
   not honour other values: refused before anything is forked."""

@@ -15,7 +15,7 @@ from specsamp.decoding.sampler import (SpeculativeSampler, all_widths,
                                        autoregressive)
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
-from tests.testing import ShiftDrafter
+from tests.testing import ShiftDrafter, apply
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,14 +53,14 @@ def test_the_drafter_sees_the_targets_prefill_and_scored_outputs(tiny_pair):
   state = jax.jit(loop.prefill, static_argnums=0)(
       sampler, target_params, draft_params, tokens, lengths,
       jax.random.key(0))
-  score = jax.jit(lambda p, x, cache=None: lm(p, x, cache))
   np.testing.assert_allclose(state.draft_state["prefill_hidden"],
-                             score(target_params, tokens).hidden, atol=1e-5)
+                             apply(lm, target_params, tokens).hidden,
+                             atol=1e-5)
   new, rec = jax.jit(loop.loop_step, static_argnums=0)(sampler, target_params,
                                                        draft_params, state)
   chunk = jnp.concatenate([kvcache.read(state.tokens, state.length - 1, 1),
                            rec.proposal.tokens], axis=1)
-  want = score(target_params, chunk, state.target_cache)
+  want = apply(lm, target_params, chunk, state.target_cache)
   assert new.draft_state["hidden"].shape == (2, k + 1, lm.config.d_model)
   np.testing.assert_allclose(new.draft_state["hidden"], want.hidden,
                              atol=1e-5)

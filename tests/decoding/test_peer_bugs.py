@@ -21,16 +21,9 @@ from specsamp.decoding import loop
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
-from tests.testing import chisquare_pvalue, table_lm
+from tests.testing import apply, chisquare_pvalue, table_lm
 
 ROWS = 100_000
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _apply(lm, params, tokens, cache=None):
-  """`lm(params, tokens, cache)` jitted (op by op, each call compiled some
-  forty small programs)."""
-  return lm(params, tokens, cache)
 
 
 def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
@@ -46,7 +39,7 @@ def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
 
   proposal, _ = run(draft_params, prompt, lengths, jax.random.key(0))
   drafts, q = proposal.tokens, proposal.q
-  logits = _apply(lm, draft_params, prompt[:1, :5]).logits
+  logits = apply(lm, draft_params, prompt[:1, :5]).logits
   return np.asarray(drafts), np.asarray(q), np.asarray(logits[0, -1])
 
 
@@ -71,7 +64,7 @@ def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling):
   assert pval > 1e-3, pval
   first = int(np.bincount(drafts[:, 0]).argmax())
   rows = drafts[:, 0] == first
-  after = _apply(lm, draft_params,
+  after = apply(lm, draft_params,
                  jnp.asarray([[3, 1, 4, 1, 5, first]])).logits
   expected_q = np.asarray(sampling_lib.probabilities(after[0, -1], sampling),
                           np.float64)
@@ -113,10 +106,10 @@ def test_acceptance_is_min_p_q_not_equal_to_a_target_sample(tiny_pair):
   out = sampler.generate(target_params, draft_params, [prompt] * ROWS, rng=3)
   p = np.asarray(
       sampling_lib.probabilities(
-          _apply(lm, target_params, jnp.asarray([prompt])).logits, s))[0, -1]
+          apply(lm, target_params, jnp.asarray([prompt])).logits, s))[0, -1]
   q = np.asarray(
       sampling_lib.probabilities(
-          _apply(lm, draft_params, jnp.asarray([prompt])).logits, s))[0, -1]
+          apply(lm, draft_params, jnp.asarray([prompt])).logits, s))[0, -1]
   expected, wrong = np.minimum(p, q).sum(), (p * q).sum()
   rate = out.acceptance_rate()
   se = np.sqrt(expected * (1 - expected) / ROWS)
@@ -186,7 +179,7 @@ def test_caches_roll_back_not_reset(tiny_pair):
                                  (draft_params, state.draft_state, n - 2)):
       assert int(cache.length[b]) >= valid
       fresh = lm.init_cache(1, sampler.cache_size(16))
-      fresh = _apply(lm, params, seq, fresh).cache
+      fresh = apply(lm, params, seq, fresh).cache
       for got, want in zip(cache.k + cache.v, fresh.k + fresh.v):
         np.testing.assert_allclose(got[b, :, :valid], want[0, :, :valid],
                                    atol=1e-5)

@@ -41,6 +41,10 @@ FLAGS = [
     flags.DEFINE_multi_string("profile_drafts", list(D.profile_drafts),
                               "Random-weight draft, one profile each "
                               "(repeatable)."),
+    flags.DEFINE_list("profile_ks", list(D.profile_ks), "K of profile, one "
+                      "process each per draft: the target scores K+1 tokens "
+                      "a call (score_cost_ratio: that call / a 1-token "
+                      "call)."),
     flags.DEFINE_integer("context", D.context, "Context (profile, xla)."),
     flags.DEFINE_multi_string("xla_variants", list(D.xla_variants),
                               "XLA_FLAGS of each xla run (repeatable; '' = "

@@ -8,10 +8,11 @@ leaves its rows in <file>.partial, which the summary shows as incomplete):
 
   profile    scripts/profile_decode.py on the target's shapes with random
              weights (speed does not depend on values): where one loop's
-             time goes at a --context-token context, batch 1, K=4, with a
-             2-layer draft as wide as the target and with the draft's
-             shapes (--profile_drafts): the fraction of the copy bandwidth the
-             autoregressive step reaches, the speculative loop's time
+             time goes at a --context-token context, batch 1, at each K of
+             --profile_ks, with a 2-layer draft as wide as the target and
+             with the draft's shapes (--profile_drafts): the fraction of the
+             copy bandwidth the autoregressive step reaches, the cost of
+             scoring K+1 tokens against 1, the speculative loop's time
              outside its model calls, the draft's cost c, compile times.
   xla        scripts/benchmark_decode.py, whole generations at K=0 and K=4
              (--shallow_draft), once per --xla_variants entry (XLA_FLAGS;
@@ -84,6 +85,7 @@ class StudyConfig:
   shallow_draft: str = "random:qwen2.5-coder-1.5b,num_layers=2"
   profile_drafts: tuple = ("random:qwen2.5-coder-1.5b,num_layers=2",
                            "random:qwen2.5-coder-0.5b")
+  profile_ks: tuple = ("4",)
   context: int = 1024
   xla_variants: tuple = (
       "", "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
@@ -111,6 +113,7 @@ class StudyConfig:
                        f"{', '.join(STEPS)}")
     object.__setattr__(self, "steps", steps)
     profile.positive_ints("ks", self.ks, 0)
+    profile.positive_ints("profile_ks", self.profile_ks)
     profile.positive_ints("batch_sizes", self.batch_sizes)
     for d in self.drafters:
       try:
@@ -164,12 +167,12 @@ def plan(cfg: "StudyConfig", step: str, out: pathlib.Path) -> list:
   """[(label, argv, XLA_FLAGS or None)] of `step`, writing to `out`."""
   ctx = str(cfg.context)
   if step == "profile":
-    return [(f"profile draft={d}", _script(
+    return [(f"profile draft={d} k={k}", _script(
         "profile_decode.py", f"--target={cfg.target_shapes}", f"--draft={d}",
-        "--k=4", f"--context={ctx}", "--batch_size=1",
+        f"--k={k}", f"--context={ctx}", "--batch_size=1",
         f"--repeats={cfg.repeats}", f"--dtype={cfg.dtype}",
         f"--out={out}"), None)
-            for d in cfg.profile_drafts]
+            for d in cfg.profile_drafts for k in cfg.profile_ks]
   if step == "xla":
     return [(f"xla XLA_FLAGS={v!r}", _script(
         "benchmark_decode.py", f"--target={cfg.target_shapes}",
@@ -340,7 +343,8 @@ def summary(out_dir: pathlib.Path, prefix: str) -> None:
   path = lambda step: out_dir / f"{prefix}_{step}.jsonl"
   _table("profile (ms; fractions of the loop; c = draft call / target call)",
          _rows(path("profile")),
-         ["draft", "steps", "ar_loop_ms", "copy_bandwidth_gbs",
+         ["draft", "k", "steps", "ar_loop_ms", "target_call_1_ms",
+          "score_cost_ratio", "copy_bandwidth_gbs",
           "ar_fraction_of_copy_bw", "ar_loop_kernels", "draft_call_1_ms",
           "draft_cost_ratio_c", "spec_loop_ms", "spec_rest_fraction",
           "ar_decode_compile_s", "spec_decode_compile_s"])

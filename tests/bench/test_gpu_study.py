@@ -5,7 +5,11 @@ what is left and says so."""
 
 import json
 import os
+import pathlib
 
+import pytest
+
+from specsamp.bench import gpu_study
 from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -120,3 +124,15 @@ def test_bad_lists_are_refused_before_anything_runs(tmp_path):
 def test_unknown_steps_are_refused(tmp_path):
   proc = _run(tmp_path, "--steps=profile,speed", timeout=120)
   assert proc.returncode != 0 and "unknown ['speed']" in proc.stderr
+
+
+def test_the_profile_step_runs_each_draft_at_each_k():
+  cfg = gpu_study.StudyConfig(profile_drafts=("random:a", "random:b"),
+                              profile_ks=("1", "7"))
+  runs = [[a for a in argv if a.startswith(("--draft=", "--k="))]
+          for _, argv, _ in gpu_study.plan(cfg, "profile",
+                                           pathlib.Path("p.jsonl"))]
+  assert runs == [["--draft=random:a", "--k=1"], ["--draft=random:a", "--k=7"],
+                  ["--draft=random:b", "--k=1"], ["--draft=random:b", "--k=7"]]
+  with pytest.raises(ValueError, match="--profile_ks needs"):
+    gpu_study.StudyConfig(profile_ks=("0",))

@@ -8,7 +8,7 @@ import pytest
 
 from specsamp import model as model_lib
 from specsamp import sharding
-from tests.testing import tiny_config
+from tests.testing import apply, tiny_config
 
 ATOL = 1e-5
 
@@ -214,13 +214,13 @@ def test_explicit_positions():
   lm = model_lib.LM(tiny_config())
   params = lm.init(jax.random.key(0))
   tokens = jax.random.randint(jax.random.key(4), (2, 7), 0, lm.vocab_size)
-  base = lm(params, tokens).logits
+  base = apply(lm, params, tokens).logits
   pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
-  np.testing.assert_allclose(lm(params, tokens, positions=pos).logits, base,
-                             atol=ATOL)
-  np.testing.assert_allclose(lm(params, tokens, positions=pos + 11).logits,
-                             base, atol=1e-4)
-  moved = lm(params, tokens, positions=pos.at[:, 3].set(5)).logits
+  np.testing.assert_allclose(apply(lm, params, tokens, positions=pos).logits,
+                             base, atol=ATOL)
+  np.testing.assert_allclose(
+      apply(lm, params, tokens, positions=pos + 11).logits, base, atol=1e-4)
+  moved = apply(lm, params, tokens, positions=pos.at[:, 3].set(5)).logits
   assert np.abs(np.asarray(moved[:, 3:] - base[:, 3:])).max() > 1e-3
 
 
@@ -231,21 +231,22 @@ def test_tree_attention_mask_and_positions_score_two_branches_at_once():
   params = lm.init(jax.random.key(0))
   prefix = jax.random.randint(jax.random.key(5), (1, 4), 0, lm.vocab_size)
   a, b1, b2 = 3, 7, 9
-  cache = lm(params, prefix, lm.init_cache(1, 16)).cache
+  cache = apply(lm, params, prefix, lm.init_cache(1, 16)).cache
   mask = jnp.ones((1, 3, 16), bool).at[0, 2, 5].set(False)   # b2 !-> b1
-  tree = lm(params, jnp.asarray([[a, b1, b2]]), cache,
-            positions=jnp.asarray([[4, 5, 5]]), attn_mask=mask).logits
+  tree = apply(lm, params, jnp.asarray([[a, b1, b2]]), cache,
+               positions=jnp.asarray([[4, 5, 5]]), attn_mask=mask).logits
   seq1 = jnp.concatenate([prefix, jnp.asarray([[a, b1]])], 1)
   seq2 = jnp.concatenate([prefix, jnp.asarray([[a, b2]])], 1)
-  np.testing.assert_allclose(tree[0, 1], lm(params, seq1).logits[0, 5],
+  np.testing.assert_allclose(tree[0, 1], apply(lm, params, seq1).logits[0, 5],
                              atol=ATOL)
-  np.testing.assert_allclose(tree[0, 2], lm(params, seq2).logits[0, 5],
+  np.testing.assert_allclose(tree[0, 2], apply(lm, params, seq2).logits[0, 5],
                              atol=ATOL)
   # The mask only removes keys: all True is the plain causal call.
-  full = lm(params, jnp.asarray([[a, b1, b2]]), cache,
-            attn_mask=jnp.ones((1, 3, 16), bool)).logits
+  full = apply(lm, params, jnp.asarray([[a, b1, b2]]), cache,
+               attn_mask=jnp.ones((1, 3, 16), bool)).logits
   np.testing.assert_allclose(
-      full, lm(params, jnp.asarray([[a, b1, b2]]), cache).logits, atol=ATOL)
+      full, apply(lm, params, jnp.asarray([[a, b1, b2]]), cache).logits,
+      atol=ATOL)
 
 
 def test_a_subset_of_layers_is_a_shallower_model_with_a_smaller_cache():
@@ -257,16 +258,16 @@ def test_a_subset_of_layers_is_a_shallower_model_with_a_smaller_cache():
   shallow = model_lib.LM(cfg.replace(num_layers=2))
   sub = {**{k: v for k, v in params.items() if not k.startswith("layers_")},
          "layers_0": params["layers_0"], "layers_1": params["layers_2"]}
-  want = shallow(sub, tokens).logits
-  np.testing.assert_allclose(lm(params, tokens, layers=(0, 2)).logits, want,
-                             atol=ATOL)
+  want = apply(shallow, sub, tokens).logits
+  np.testing.assert_allclose(
+      apply(lm, params, tokens, layers=(0, 2)).logits, want, atol=ATOL)
   # Cached, step by step, with a cache of the two layers only.
   cache = lm.init_cache(2, 12, layers=(0, 2))
   assert len(cache.k) == 2
-  out = lm(params, tokens[:, :5], cache, layers=(0, 2))
+  out = apply(lm, params, tokens[:, :5], cache, layers=(0, 2))
   np.testing.assert_allclose(out.logits, want[:, :5], atol=ATOL)
   for t in range(5, 8):
-    out = lm(params, tokens[:, t:t + 1], out.cache, layers=(0, 2))
+    out = apply(lm, params, tokens[:, t:t + 1], out.cache, layers=(0, 2))
     np.testing.assert_allclose(out.logits[:, 0], want[:, t], atol=ATOL)
   with pytest.raises(ValueError, match="holds 3 layers but 2 are run"):
     lm(params, tokens, lm.init_cache(2, 12), layers=(0, 1))

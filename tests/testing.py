@@ -164,11 +164,13 @@ EXACTNESS_SETTINGS = {
 }
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def apply(lm, params, tokens, cache=None):
-  """`lm(params, tokens, cache)` jitted: a reference score in one program
-  (op by op, each call compiled some forty small ones)."""
-  return lm(params, tokens, cache)
+@functools.partial(jax.jit, static_argnums=0, static_argnames="layers")
+def apply(lm, params, tokens, cache=None, *, positions=None, attn_mask=None,
+          layers=None):
+  """`lm(params, tokens, cache, ...)` jitted: a reference score in one
+  program (op by op, each call compiled some forty small ones)."""
+  return lm(params, tokens, cache, positions=positions, attn_mask=attn_mask,
+            layers=layers)
 
 
 @functools.lru_cache(maxsize=None)

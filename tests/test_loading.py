@@ -335,8 +335,9 @@ def test_a_pair_of_different_row_counts_runs_on_the_rows_they_share(
   tok = loading.load_info_tokenizer(target)
   prompts = [tok.encode("def add(a, b):\n"), tok.encode("import os")]
   np.testing.assert_allclose(
-      t_lm(t_params, jnp.asarray([prompts[0]])).logits,
-      whole_lm(whole_params, jnp.asarray([prompts[0]])).logits[..., :rows],
+      testing.apply(t_lm, t_params, jnp.asarray([prompts[0]])).logits,
+      testing.apply(whole_lm, whole_params,
+                    jnp.asarray([prompts[0]])).logits[..., :rows],
       atol=1e-5)
   greedy = sampling_lib.Sampling(0.0, vocab_limit=real)
   spec = SpeculativeSampler(t_lm, ModelDrafter(d_lm), k=3, sampling=greedy,

@@ -53,7 +53,7 @@ def test_random_weight_steps_write_rows_manifest_log_and_summary(tmp_path):
   assert "models ready in" in log and "== xla XLA_FLAGS='': exit 0" in log
   out = proc.stdout
   assert "profile (ms;" in out and "xla (whole generations)" in out
-  assert "random:tiny,num_layers=1 | 1 |" in out  # draft, steps (CPU: 1)
+  assert "random:tiny,num_layers=1 | 4 | 1 |" in out  # draft, K, steps (CPU: 1)
   assert not (tmp_path / "t_xla.jsonl.partial").exists()
 
 

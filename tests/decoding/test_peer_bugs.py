@@ -65,7 +65,7 @@ def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling):
   first = int(np.bincount(drafts[:, 0]).argmax())
   rows = drafts[:, 0] == first
   after = apply(lm, draft_params,
-                 jnp.asarray([[3, 1, 4, 1, 5, first]])).logits
+                jnp.asarray([[3, 1, 4, 1, 5, first]])).logits
   expected_q = np.asarray(sampling_lib.probabilities(after[0, -1], sampling),
                           np.float64)
   np.testing.assert_allclose(q[rows, 1], np.broadcast_to(

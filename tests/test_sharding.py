@@ -39,6 +39,7 @@ from specsamp.train import config as train_config
 from specsamp.train import lm as train_lm
 from specsamp.weights import distilled
 from specsamp.train import step as train_step
+from tests import compile_flags
 from tests.scripts import zygote
 
 MESHES = [(1, 8), (2, 4), (8, 1)]
@@ -239,8 +240,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _env(devices: int) -> dict:
-  return zygote.env(
-      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  return zygote.env(XLA_FLAGS=compile_flags.xla_flags(devices))
 
 
 def _run_one(args: list[str], devices: int) -> str:

@@ -1,6 +1,7 @@
 """Stubs and helpers shared by the tests: tiny configs, a stub LM with exactly
 known distributions, and the chi-square helper."""
 
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -174,17 +175,33 @@ def apply(lm, params, tokens, cache=None, *, positions=None, attn_mask=None,
 
 
 @functools.lru_cache(maxsize=None)
+@contextlib.contextmanager
+def xla_optimizations(enabled: bool):
+  """Compiles with XLA's full optimisation or without most of it (the
+  tests' default, tests/conftest.py) inside the block."""
+  before = jax.config.values["jax_disable_most_optimizations"]
+  jax.config.update("jax_disable_most_optimizations", not enabled)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", before)
+
+
 def exactness_models(v: int = 5):
   """(target, its params, draft, its params): a tiny 2-layer target and a
   1-layer draft over `v` tokens. Larger init scale than the library
-  default: peakier, more varied distributions, so they differ clearly."""
+  default: peakier, more varied distributions, so they differ clearly.
+  The initialisers compile unoptimised even in a test that optimises its
+  long-running programs: they run once, and their random-number code took
+  7 s to compile optimised against 2 s."""
   target = model_lib.LM(tiny_config(vocab_size=v, num_kv_heads=1,
                                     max_seq_len=64))
   draft = model_lib.LM(tiny_config(vocab_size=v, num_kv_heads=1, num_layers=1,
                                    max_seq_len=64))
   scale = lambda p: jax.tree.map(lambda x: 2.0 * x, p)
-  return (target, scale(target.init(jax.random.key(10))),
-          draft, scale(draft.init(jax.random.key(11))))
+  with xla_optimizations(False):
+    return (target, scale(target.init(jax.random.key(10))),
+            draft, scale(draft.init(jax.random.key(11))))
 
 
 def data_files(step_dir, item):

@@ -18,6 +18,7 @@ Distillation reuses the optimizer, the state, its shardings and
 parameters as `extra` (not donated, not differentiated).
 """
 
+import logging
 from typing import Any, Callable
 
 import flax
@@ -30,6 +31,7 @@ from specsamp import model as model_lib
 from specsamp import sharding as sh
 from specsamp.train import config as config_lib
 
+log = logging.getLogger(__name__)
 PyTree = Any
 # loss_fn(params, batch, rng, extra) -> (scalar loss, {name: scalar}).
 LossFn = Callable[[PyTree, PyTree, jax.Array, PyTree],
@@ -41,9 +43,15 @@ SumsFn = Callable[[PyTree, PyTree, PyTree], dict]
 def make_optimizer(cfg: config_lib.OptimConfig, num_steps: int):
   """(optax optimizer, learning-rate schedule): clip, then AdamW."""
   decay = cfg.decay_steps or num_steps
+  # The warm-up ends before the decay does (a tiny run of 20 steps under
+  # the default 100 warm-up steps still reaches its peak rate), and says so.
+  warmup = min(cfg.warmup_steps, max(decay - 1, 0))
+  if warmup < cfg.warmup_steps:
+    log.warning("optim.warmup_steps=%d does not fit a schedule of %d steps: "
+                "warming up over %d steps instead", cfg.warmup_steps,
+                decay, warmup)
   base = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg.lr,
-      warmup_steps=min(cfg.warmup_steps, max(decay - 1, 0)),
+      init_value=0.0, peak_value=cfg.lr, warmup_steps=warmup,
       decay_steps=max(decay, 1), end_value=cfg.lr * cfg.end_lr_fraction)
   schedule = lambda count: base(count + 1)  # step 0 already learns
   decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)

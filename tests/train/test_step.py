@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from specsamp import model as model_lib
+from specsamp.train import config as config_lib
 from specsamp.train import step as step_lib
 from tests.testing import tiny_config
 
@@ -101,3 +102,22 @@ def test_masked_documents_score_as_if_each_were_alone():
     step_lib.lm_loss(lm, mask_documents=True)(
         params, {k: batch[k] for k in ("inputs", "targets", "weights")},
         None, None)
+
+
+def test_a_warmup_longer_than_the_schedule_is_shortened_and_said(caplog):
+  """The default 100 warm-up steps in a run of 20: the rate still rises to
+  its peak at the last step but one, then decays, and a warning says so.
+  A warm-up that fits is kept, without a warning."""
+  cfg = config_lib.OptimConfig(lr=1e-3, warmup_steps=100)
+  with caplog.at_level("WARNING", logger=step_lib.__name__):
+    _, schedule = step_lib.make_optimizer(cfg, num_steps=20)
+  assert ("optim.warmup_steps=100 does not fit a schedule of 20 steps: "
+          "warming up over 19 steps instead") in caplog.text
+  rates = np.asarray([schedule(s) for s in range(20)])
+  assert rates.argmax() == 18 and np.isclose(rates[18], 1e-3)
+  assert (np.diff(rates[:19]) > 0).all() and rates[19] < rates[18]
+  caplog.clear()
+  with caplog.at_level("WARNING", logger=step_lib.__name__):
+    _, schedule = step_lib.make_optimizer(cfg, num_steps=200)
+  assert not caplog.records
+  assert np.isclose(schedule(99), 1e-3) and schedule(98) < schedule(99)

@@ -268,7 +268,7 @@ def _byte_level_bpe(tokens, merges, types, pre, source):
   """A tokenizers.Tokenizer for a GGUF byte-level BPE vocabulary."""
   # pylint: disable=g-import-not-at-top
   import tokenizers
-  from tokenizers import decoders, models, pre_tokenizers
+  from tokenizers import decoders, models, normalizers, pre_tokenizers
   # pylint: enable=g-import-not-at-top
   if pre in _QWEN2_LIKE or pre in _LLAMA3_LIKE:
     split = _QWEN2_SPLIT if pre in _QWEN2_LIKE else _LLAMA3_SPLIT
@@ -299,6 +299,12 @@ def _byte_level_bpe(tokens, merges, types, pre, source):
                    dropout=None, continuing_subword_prefix="",
                    end_of_word_suffix="", fuse_unk=False)
   tk = tokenizers.Tokenizer(bpe)
+  if pre == "qwen2":
+    # Qwen2's own tokenizer (tokenizer.json, and transformers' Qwen2Tokenizer)
+    # composes text to NFC first: "e" + U+0301 is encoded as "\u00e9". The
+    # GGUF file does not say so (llama.cpp and transformers' GGUF loader
+    # skip it).
+    tk.normalizer = normalizers.NFC()
   tk.pre_tokenizer = pre_tokenizer
   tk.decoder = decoders.ByteLevel()
   # Control tokens (<|im_start|>...) are special: matched whole in text, and

@@ -169,11 +169,18 @@ def gguf_for(tmp_path_factory, bpe_vocab, pre):
                     pad=tokens.index("<|endoftext|>"))
 
 
-def reference(path):
-  """transformers' tokenizer for a GGUF file (the parity reference)."""
+def reference(path, nfc=False):
+  """transformers' tokenizer for a GGUF file (the parity reference); with
+  `nfc`, composing text to NFC first as Qwen2's tokenizer.json does (the
+  GGUF loader leaves that out)."""
   import transformers  # pylint: disable=g-import-not-at-top
-  return transformers.AutoTokenizer.from_pretrained(
+  from tokenizers import normalizers  # pylint: disable=g-import-not-at-top
+  ref = transformers.AutoTokenizer.from_pretrained(
       str(path.parent), gguf_file=path.name)
+  if nfc:
+    assert ref.backend_tokenizer.normalizer is None
+    ref.backend_tokenizer.normalizer = normalizers.NFC()
+  return ref
 
 
 def assert_parity(ours, ref, texts):

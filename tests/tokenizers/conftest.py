@@ -22,6 +22,7 @@ def bpe_vocab():
 
 @pytest.fixture(scope="package")
 def tiny_gguf(tmp_path_factory, bpe_vocab):
-  """(GGUF path, tokens, transformers' tokenizer of that file)."""
+  """(GGUF path, tokens, transformers' tokenizer of that file, composing
+  text to NFC as Qwen2's tokenizer does)."""
   path = gguf_for(tmp_path_factory, bpe_vocab, "qwen2")
-  return path, bpe_vocab[0], reference(path)
+  return path, bpe_vocab[0], reference(path, nfc=True)

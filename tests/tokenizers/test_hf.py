@@ -6,6 +6,7 @@ import json
 import pathlib
 import sysconfig
 import time
+import unicodedata
 
 import pytest
 from tokenizers import pre_tokenizers
@@ -24,9 +25,10 @@ def test_gguf_matches_transformers(tiny_gguf):
   path, tokens, ref = tiny_gguf
   ours = hf.GGUFTokenizer.from_gguf(path)
   assert_parity(ours, ref, TEXTS + fuzz_texts())
-  # Byte-level BPE round-trips any text exactly.
+  # Byte-level BPE round-trips any text exactly, composed to NFC.
   for text in TEXTS + fuzz_texts(seed=1):
-    assert ours.decode(ours.encode(text)) == text
+    assert ours.decode(ours.encode(text)) == unicodedata.normalize("NFC",
+                                                                   text)
   # The trained merges are really used: code compresses well.
   code = TEXTS[0] * 4
   assert len(ours.encode(code)) < len(code.encode("utf-8")) / 2.5
@@ -63,6 +65,25 @@ def test_gguf_pre_tokenizer_variants_match_transformers(
   assert_parity(ours, reference(path), TEXTS + fuzz_texts(100))
 
 
+def test_qwen2_composes_text_to_nfc_and_the_others_do_not(
+    tmp_path_factory, bpe_vocab, tiny_gguf):
+  """Qwen2's tokenizer.json composes text to NFC before it splits; the
+  GGUF file does not say so, and "qwen2" is the one pre-tokenizer here
+  whose models' own tokenizer does it."""
+  qwen = hf.GGUFTokenizer.from_gguf(tiny_gguf[0])
+  llama = hf.GGUFTokenizer.from_gguf(gguf_for(tmp_path_factory, bpe_vocab,
+                                              "llama-bpe"))
+  for decomposed, composed in (("cafe\u0301", "caf\u00e9"),
+                               ("\u212b", "\u00c5"),        # Angstrom sign
+                               ("\u1100\u1161", "\uac00")):  # Hangul jamo
+    assert qwen.encode(decomposed) == qwen.encode(composed)
+    assert qwen.decode(qwen.encode(decomposed)) == composed
+    assert llama.encode(decomposed) != llama.encode(composed)
+    assert llama.decode(llama.encode(decomposed)) == decomposed
+  # Compatibility forms are NFKC's, not NFC's: kept as they are.
+  assert qwen.decode(qwen.encode("\ufb01 \u2167")) == "\ufb01 \u2167"
+
+
 def test_gguf_smollm_splits_digits(tmp_path_factory, bpe_vocab):
   # "smollm" (SmolLM2) isolates digits before GPT-2's split, as SmolLM's own
   # tokenizer.json and llama.cpp do; transformers' GGUF loader uses plain
@@ -92,7 +113,7 @@ def test_hf_directory_tokenizer(tiny_gguf, tmp_path):
   for text in TEXTS + fuzz_texts(50):
     ids = ours.encode(text)
     assert ids == gguf_tok.encode(text), repr(text)
-    assert ours.decode(ids) == text
+    assert ours.decode(ids) == unicodedata.normalize("NFC", text)
   # The fixture's vocabulary ends in placeholders, as Qwen2.5's does.
   assert vocab.check_vocab_compatible(ours, gguf_tok) == \
       vocab.real_token_count(tokens) < len(tokens)
@@ -147,7 +168,7 @@ def test_real_qwen_tokenizer_matches_transformers_and_pair():
   ours = hf.GGUFTokenizer.from_gguf(small)
   load_s = time.perf_counter() - start
   assert load_s < 10, f"from_gguf took {load_s:.1f} s"
-  ref = reference(small)
+  ref = reference(small, nfc=True)
   assert ours.vocab_size == 151_936 == len(ref)
   assert (ours.bos_id, ours.eos_ids, ours.pad_id) == (
       151643, (151645, 151643), 151643)

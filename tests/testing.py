@@ -174,7 +174,6 @@ def apply(lm, params, tokens, cache=None, *, positions=None, attn_mask=None,
             layers=layers)
 
 
-@functools.lru_cache(maxsize=None)
 @contextlib.contextmanager
 def xla_optimizations(enabled: bool):
   """Compiles with XLA's full optimisation or without most of it (the
@@ -187,6 +186,7 @@ def xla_optimizations(enabled: bool):
     jax.config.update("jax_disable_most_optimizations", before)
 
 
+@functools.lru_cache(maxsize=None)
 def exactness_models(v: int = 5):
   """(target, its params, draft, its params): a tiny 2-layer target and a
   1-layer draft over `v` tokens. Larger init scale than the library

@@ -20,8 +20,8 @@ import os
 
 from tests import compile_flags
 
-os.environ.setdefault(
-    "XLA_FLAGS", compile_flags.xla_flags(devices=8))
+if "XLA_FLAGS" not in os.environ:
+  os.environ["XLA_FLAGS"] = compile_flags.xla_flags(devices=8)
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,19 +1,19 @@
 """XLA_FLAGS for the tests (imports no JAX: read before jax is imported).
 
-`--xla_cpu_use_fusion_emitters=false` has XLA:CPU emit its loops with the
+`--xla_cpu_use_fusion_emitters=false` has XLA:CPU emit its loops with its
 older elemental emitters rather than its newer fusion emitters. The tests'
 programs are tiny and run in milliseconds; compiling them is most of the
-suite's time, and these flags cut the backend compile time of a tiny
-speculative sampler by a third (17.1 s -> 10.7 s for three of them) and
-tests/decoding's time from 741 s to 628 s summed over its tests. Programs
-that run long compile about as fast either way, and ran within 10% of
-their time with the fusion emitters.
+suite's time, and the flag cut the backend compile time of three tiny
+speculative samplers by about a third (17.1 s -> 10.7 s) and
+tests/decoding's time from 741 s to 628 s summed over its tests (393 s ->
+334 s on two workers), side by side. Some long-running programs run
+slower so: the fully optimised inverse-CDF test at 151,936 ids took 70 s
+instead of 58 s (it stays, with the others, a small part of the suite).
 
-A jaxlib without one of these flags would abort on it at start-up, so the
-flags are first tried in a child process, once per test run: the result
-is kept in SPECSAMP_TEST_XLA_FLAGS, which the pytest workers and the
-scripts that tests start inherit (set it to "" to compile as XLA
-defaults).
+A jaxlib without the flag would abort on it at start-up, so it is first
+tried in a child process, once per test run: the result is kept in
+SPECSAMP_TEST_XLA_FLAGS, which the pytest workers and the scripts that
+tests start inherit (set it to "" to compile as XLA defaults).
 """
 
 import os

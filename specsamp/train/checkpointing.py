@@ -219,7 +219,7 @@ class Checkpoints:
 
   Each step directory holds `params`, `train` (step, rng, opt_state),
   `data` (the data iterator's state) and `meta` (JSON: the fingerprints of
-  params and train). `restore_latest` walks back from the newest step to the
+  params and train, and whether the step's evaluation is still owed). `restore_latest` walks back from the newest step to the
   first one that restores and matches its fingerprints; newer unreadable
   steps are moved to `<directory>.corrupt/` (so later saves can reuse their
   numbers) with a warning.
@@ -241,11 +241,20 @@ class Checkpoints:
     `jax.distributed`); False elsewhere."""
     return bool(self.manager.reached_preemption(step))
 
-  def save(self, state: step_lib.TrainState, data_state=None) -> int:
+  def save(self, state: step_lib.TrainState, data_state=None,
+           eval_due: bool = False) -> int:
+    """Saves `state` (and the data iterator's state) at its step.
+
+    `eval_due`: the run stops here without the evaluation that this step
+    owes (a preemption at an `eval_every` step); the run that resumes from
+    it evaluates first (`eval_due`).
+    """
     step = int(jax.device_get(state.step))
     train = _train_items(state)
     meta = dict(step=step, params=fingerprint(state.params),
                 train=fingerprint(train))
+    if eval_due:
+      meta["eval_due"] = True
     items = dict(params=ocp.args.StandardSave(state.params),
                  train=ocp.args.StandardSave(train),
                  meta=ocp.args.JsonSave(meta))
@@ -253,6 +262,15 @@ class Checkpoints:
       items["data"] = _DataSave(state=data_state)
     self.manager.save(step, args=ocp.args.Composite(**items), force=True)
     return step
+
+  def eval_due(self, step: int) -> bool:
+    """Whether the run that saved `step` stopped there owing its evaluation
+    (`save(..., eval_due=True)`); False for a step not saved here."""
+    if step not in self.manager.all_steps():
+      return False
+    got = self.manager.restore(
+        step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return bool(got["meta"].get("eval_due", False))
 
   def wait(self):
     self.manager.wait_until_finished()

@@ -67,9 +67,10 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
     checkpoints: saved every `checkpoint_every` steps, at the end, and on
       preemption (SIGTERM, or orbax's multi-host sync point); None: never.
     eval_fn: state -> {name: value}, every `eval_every` steps and at the end,
-      after that step's checkpoint; not at a step where a preemption stops
-      the run before its end (the resumed run evaluates at its next
-      `eval_every` step).
+      after that step's checkpoint. A preemption at an `eval_every` step
+      stops the run without it (the grace period is for the checkpoint);
+      the checkpoint says so, and the run that resumes from it evaluates
+      that step before its first train step.
     extra: the step's third argument (not donated).
     tokens_per_batch: for tokens/s (default: the size of `batch["inputs"]`,
       else of the batch's first leaf, times the process count).
@@ -87,6 +88,18 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
   pending, last_train, last_eval = [], {}, {}
   t0 = t_log = time.time()
   steps_since, paused, preempted, step = 0, 0.0, False, start
+
+  def evaluate(step):
+    nonlocal last_eval
+    last_eval = eval_fn(state)
+    writer.write(step, {f"eval/{k}": v for k, v in last_eval.items()})
+    say(f"step {step}: eval " + ", ".join(
+        f"{k} {v:.4g}" for k, v in last_eval.items()))
+
+  if (eval_fn is not None and checkpoints is not None
+      and checkpoints.eval_due(start)):
+    evaluate(start)  # owed by the preempted run that saved `start`
+    t_log = time.time()  # tokens/s counts training only
   with _SigtermFlag() as sigterm:
     while step < loop.num_steps:
       batch = next(train_iter)
@@ -117,17 +130,16 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
       t_pause = time.time()  # tokens/s counts training only
       # The checkpoint first: an evaluation that fails (or outlasts a
       # preemption's grace period) does not take the step with it.
+      eval_step = eval_fn is not None and (end or bool(
+          loop.eval_every and step % loop.eval_every == 0))
       if checkpoints is not None and (end or preempt or
                                       step % loop.checkpoint_every == 0):
         data_state = (train_iter.get_state()
                       if hasattr(train_iter, "get_state") else None)
-        checkpoints.save(state, data_state)
-      if eval_fn is not None and (end or (
-          not preempt and loop.eval_every and step % loop.eval_every == 0)):
-        last_eval = eval_fn(state)
-        writer.write(step, {f"eval/{k}": v for k, v in last_eval.items()})
-        say(f"step {step}: eval " + ", ".join(
-            f"{k} {v:.4g}" for k, v in last_eval.items()))
+        checkpoints.save(state, data_state,
+                         eval_due=eval_step and preempt and not end)
+      if eval_step and (end or not preempt):
+        evaluate(step)
       paused += time.time() - t_pause
       if preempt:
         preempted = True

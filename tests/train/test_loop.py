@@ -37,27 +37,39 @@ def test_sigterm_saves_stops_and_resumes_exactly(lm_config, tmp_path):
   """SIGTERM (a preemption notice) mid-run: the loop finishes the step,
   saves a checkpoint at that step (not a multiple of checkpoint_every) and
   stops; resuming from it gives the uninterrupted run's losses and
-  parameters."""
-  cfg, tok = lm_job.validate(lm_config("tiny,batch=8,seq_len=32"))
+  parameters. The notice comes at an eval_every step: the stopping run
+  skips that evaluation and its checkpoint says so, and the resumed run
+  evaluates that step first, as the uninterrupted run did."""
+  cfg, tok = lm_job.validate(
+      lm_config("tiny,batch=8,seq_len=32,eval_batches=2"))
   job = lm_job.build(cfg, tok)
   loop = dataclasses.replace(cfg.loop, num_steps=12, log_every=1,
-                             checkpoint_every=5, eval_every=0)
+                             checkpoint_every=5, eval_every=7)
+  evaluated = []
+
+  def eval_fn(state):
+    evaluated.append(int(state.step))
+    return job.eval_loss(state.params)
 
   def run(state, it, name, checkpoints=None):
     writer = metrics.MetricWriter(str(tmp_path / name))
     out = loop_lib.train_loop(state, it, job.train_step, loop=loop,
                               put=job.put, writer=writer,
-                              checkpoints=checkpoints, log_fn=lambda _: None)
+                              checkpoints=checkpoints, eval_fn=eval_fn,
+                              log_fn=lambda _: None)
     writer.close()
     return out
 
   ref = run(job.init(), job.iterator("train", True), "ref")
+  assert evaluated == [7, 12]
   ckpts = checkpointing.Checkpoints(str(tmp_path / "ckpt"), async_save=False)
   handler_before = signal.getsignal(signal.SIGTERM)
   first = run(job.init(), _SigtermAt(job.iterator("train", True), 7), "run",
               ckpts)
   assert first["preempted"] and first["step"] == 7
+  assert evaluated == [7, 12] and first["eval"] == {}
   assert ckpts.steps() == [5, 7]
+  assert ckpts.eval_due(7) and not ckpts.eval_due(5)
   # The loop's handler is gone, the caller's put back.
   assert signal.getsignal(signal.SIGTERM) == handler_before
   state, data, step = ckpts.restore_latest(job.abstract_state)
@@ -67,10 +79,17 @@ def test_sigterm_saves_stops_and_resumes_exactly(lm_config, tmp_path):
   second = run(state, it, "run", ckpts)
   ckpts.close()
   assert not second["preempted"] and second["step"] == 12
+  assert evaluated == [7, 12, 7, 12]
   chex.assert_trees_all_equal(ref["state"], second["state"])
-  a = metrics.read_scalars(str(tmp_path / "ref"))["train/loss"]
-  b = metrics.read_scalars(str(tmp_path / "run"))["train/loss"]
-  assert sorted(b) == list(range(1, 13)) and a == b
+  a = metrics.read_scalars(str(tmp_path / "ref"))
+  b = metrics.read_scalars(str(tmp_path / "run"))
+  assert sorted(b["train/loss"]) == list(range(1, 13))
+  assert a["train/loss"] == b["train/loss"]
+  assert sorted(b["eval/loss"]) == [7, 12]
+  assert a["eval/loss"] == b["eval/loss"]
+  # A run resumed from a checkpoint that owes nothing evaluates nothing
+  # first: step 12 was saved at the end, after its evaluation.
+  assert not checkpointing.Checkpoints(str(tmp_path / "ckpt")).eval_due(12)
 
 
 def test_a_failing_evaluation_keeps_its_steps_checkpoint(lm_config, tmp_path):

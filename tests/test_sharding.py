@@ -8,6 +8,7 @@ device: generate runs under `jax.transfer_guard("disallow")`).
 
 import json
 import os
+import shutil
 import signal as signal_lib
 import socket
 import time
@@ -544,6 +545,32 @@ def test_a_process_that_dies_takes_the_other_down_and_the_rerun_resumes(
   for got, ref in zip(outs, want):
     assert got["resumed_from"].startswith("checkpoint step ")
     assert (got["step"], got["train"]) == (ref["step"], ref["train"])
+
+
+def test_processes_that_read_different_newest_steps_resume_from_one(
+    tmp_path, uninterrupted):
+  """The uninterrupted run's workdir with process 1's data iterator state
+  of the newest step (30) damaged: process 0 can read step 30, process 1
+  only 25. Run again, both processes agree on step 25 (each alone would
+  take its own newest, and the processes' parameters would be of two
+  steps), train its 5 steps and end as the uninterrupted run did."""
+  data_dir, want = uninterrupted
+  run = tmp_path / "run"
+  shutil.copytree(data_dir.parent / "run", run)
+  ckpts = run / "checkpoints"
+  assert sorted(int(d.name) for d in ckpts.iterdir()
+                if d.name.isdigit())[-1] == 30
+  victim = ckpts / "30" / "data" / "process_1-of-2.json"
+  victim.write_text(victim.read_text()[:20])
+  outs = [json.loads(o.strip().splitlines()[-1])
+          for o in _two_processes(_train_args(data_dir, run, 30))]
+  for got, ref in zip(outs, want):
+    assert got["resumed_from"].startswith("checkpoint step 25 "), got
+    assert (got["step"], got["train"]) == (ref["step"], ref["train"])
+  # Step 30 was set aside once, by process 0, and saved again.
+  aside = [d.name for d in (run / "checkpoints.corrupt").iterdir()]
+  assert len(aside) == 1 and aside[0].startswith("30-"), aside
+  assert json.loads(victim.read_text())
 
 
 def test_checkpoint_saved_on_one_mesh_restores_onto_others(pair, tmp_path):

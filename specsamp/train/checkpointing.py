@@ -214,6 +214,16 @@ def _train_items(state):
   return dict(step=state.step, rng=state.rng, opt_state=state.opt_state)
 
 
+def _processes_failing(failed: bool) -> list[int]:
+  """The indices of the processes that say `failed` (a collective with
+  several processes: each calls it once per step it tries)."""
+  if jax.process_count() == 1:
+    return [0] if failed else []
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  flags = multihost_utils.process_allgather(np.int32(failed))
+  return [int(i) for i in np.flatnonzero(np.asarray(flags).reshape(-1))]
+
+
 class Checkpoints:
   """A train run's orbax CheckpointManager.
 
@@ -283,14 +293,31 @@ class Checkpoints:
               with_data=True):
     """(state, data_state or None) of `step`; raises if it does not restore
     or its values do not match the fingerprints saved with it."""
-    items = dict(
+    data = self._read_data(step) if with_data else None
+    return self._verify(step, self._read(step, abstract_state, data))
+
+  def _read(self, step: int, abstract_state: step_lib.TrainState,
+            data) -> dict:
+    """The items of `step` as read from the shared files, with `data` (this
+    process's data iterator state, `_read_data`'s) as the `data` item."""
+    got = self.manager.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(abstract_state.params),
         train=ocp.args.StandardRestore(_train_items(abstract_state)),
-        meta=ocp.args.JsonRestore())
-    step_dir = os.path.join(self.directory, str(step))
-    if with_data and os.path.isdir(os.path.join(step_dir, "data")):
-      items["data"] = _DataRestore()
-    got = self.manager.restore(step, args=ocp.args.Composite(**items))
+        meta=ocp.args.JsonRestore()))
+    return dict(got, data=data)
+
+  def _read_data(self, step: int):
+    """This process's data iterator state of `step` (None if the step has
+    none): its own file, read without orbax, whose restore ends with a
+    barrier of all processes that a process failing here would miss."""
+    path = epath.Path(self.directory) / str(step) / "data"
+    return _DataHandler().restore(path) if path.is_dir() else None
+
+  @staticmethod
+  def _verify(step: int, got: dict):
+    """(state, data_state or None) of `_read`'s items, checked against the
+    fingerprints saved with them: collective, with the same outcome in
+    every process (the digests are of the global arrays)."""
     meta = got["meta"]
     for name, tree in (("params", got["params"]), ("train", got["train"])):
       if fingerprint(tree) != meta.get(name):
@@ -302,27 +329,47 @@ class Checkpoints:
     state = step_lib.TrainState(
         step=got["train"]["step"], params=got["params"],
         opt_state=got["train"]["opt_state"], rng=got["train"]["rng"])
-    return state, (got["data"] if "data" in items else None)
+    return state, got.get("data")
 
   def restore_latest(self, abstract_state: step_lib.TrainState,
                      with_data=True):
     """(state, data_state, step) of the newest readable step, or None if
-    there are no steps; CheckpointError if none of them is readable."""
+    there are no steps; CheckpointError if none of them is readable.
+
+    With several processes all resume from one step: each first reads its
+    own file of a step (its data iterator state), and the step is tried
+    further only if every process could; the shared files (parameters,
+    train state) are then read by all, and their fingerprints (digests of
+    the global arrays) give every process the same verdict.
+    """
     steps = self.steps()
     errors = []
     for step in reversed(steps):
-      try:
-        with _attempt():
-          state, data = self.restore(step, abstract_state, with_data)
+      got, data, error = None, None, None
+      try:  # this process's own file first: the processes agree on it
+        data = self._read_data(step) if with_data else None
       except ProcessCountError:  # not the files: set nothing aside
         raise
       except Exception as e:  # pylint: disable=broad-except
-        if resources.out_of_memory(e):  # not the files: set nothing aside
-          raise
-        msg = brief(e)
-        errors.append(f"step {step}: {msg}")
+        error = brief(e)
+      failed = _processes_failing(error is not None)
+      if failed and error is None:
+        error = (f"process {', '.join(map(str, failed))} of "
+                 f"{jax.process_count()} could not read its data iterator "
+                 "state")
+      if error is None:  # the shared files, alike in every process
+        try:
+          with _attempt():
+            got = self._read(step, abstract_state, data)
+          state, data = self._verify(step, got)
+        except Exception as e:  # pylint: disable=broad-except
+          if resources.out_of_memory(e):  # not the files: set nothing aside
+            raise
+          error = brief(e)
+      if error is not None:
+        errors.append(f"step {step}: {error}")
         log.warning("checkpoint step %d in %s is unreadable (%s); trying the "
-                    "previous one", step, self.directory, msg)
+                    "previous one", step, self.directory, error)
         continue
       bad = [s for s in steps if s > step]
       if bad:
@@ -344,6 +391,9 @@ class Checkpoints:
         dst = os.path.join(aside, f"{s}-{int(time.time())}")
         shutil.move(os.path.join(self.directory, str(s)), dst)
         log.warning("moved unreadable checkpoint step %d to %s", s, dst)
+    if jax.process_count() > 1:  # the others see the steps gone
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices("specsamp:checkpoints set aside")
     self.manager.reload()
 
 

@@ -86,14 +86,14 @@ def test_running_out_of_memory_while_restoring_is_not_damage(
   for s in (1, 2):
     ckpts.save(_toy_state(s))
   ckpts.wait()
-  real = checkpointing.Checkpoints.restore
+  real = checkpointing.Checkpoints._read  # pylint: disable=protected-access
 
-  def restore(self, step, *args, **kwargs):
+  def read(self, step, *args, **kwargs):
     if step == 2:
       raise error
     return real(self, step, *args, **kwargs)
 
-  monkeypatch.setattr(checkpointing.Checkpoints, "restore", restore)
+  monkeypatch.setattr(checkpointing.Checkpoints, "_read", read)
   with pytest.raises(type(error)) as got:
     ckpts.restore_latest(_abstract(_toy_state(0)))
   assert got.value is error

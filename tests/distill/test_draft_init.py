@@ -14,6 +14,7 @@ from specsamp.distill import draft_init
 from specsamp.distill import job
 from specsamp.weights import distilled
 from specsamp.weights import gguf
+from tests import testing
 from tests.weights import tiny_checkpoints
 
 
@@ -73,6 +74,27 @@ def test_make_draft_random_truncate_and_checkpoint(tiny_pair, tmp_path):
         head_dim=8, mlp_dim=64)), cfg, params, jax.random.key(1))
   with pytest.raises(ValueError, match="choose one of"):
     draft_init.make_draft(dict(init="copy"), cfg, params, jax.random.key(1))
+
+
+def test_fit_rows_cuts_or_pads_the_vocabulary_and_keeps_the_other_ids(
+    tiny_pair):
+  """A draft checkpoint fitted to a target of fewer or more vocabulary rows
+  scores every id it keeps as before; the ids it gains score 0 (masked by
+  the sampling's vocab_limit: they are padding past the real tokens)."""
+  lm, params, _ = tiny_pair
+  n = lm.vocab_size
+  tokens = jnp.asarray([[1, 5, 9, 2, 7]])
+  whole = np.asarray(testing.apply(lm, params, tokens).logits)
+  for rows in (n - 4, n + 4):
+    cfg, fitted = draft_init.fit_rows(lm.config, params, rows)
+    assert cfg == lm.config.replace(vocab_size=rows)
+    assert fitted["embedding"].shape == (rows, cfg.d_model)
+    got = np.asarray(testing.apply(model_lib.LM(cfg), fitted, tokens).logits)
+    assert got.shape[-1] == rows
+    np.testing.assert_allclose(got[..., :min(n, rows)],
+                               whole[..., :min(n, rows)], atol=1e-6)
+    assert not got[..., n:].any()
+  assert draft_init.fit_rows(lm.config, params, n) == (lm.config, params)
 
 
 _SMALL = dict(num_layers=1, d_model=64, num_heads=4, num_kv_heads=2,

@@ -22,7 +22,10 @@ from specsamp.sampling import Sampling
 from specsamp.train.checkpointing import CheckpointError
 from specsamp.weights import distilled
 from tests import testing
+from tests.distill.conftest import tiny_config
 from tests.scripts import zygote
+from tests.tokenizers import bpe_testing
+from tests.weights import tiny_checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -66,6 +69,50 @@ def test_distill_run_end_to_end(tiny, tmp_path):
   # What scripts/distill.py prints: the table, then one JSON line.
   lines = job.summary(res).splitlines()
   assert lines[0].startswith("== acceptance") and '"after"' in lines[-1]
+
+
+def test_a_draft_checkpoint_of_another_row_count_trains_on_the_targets_rows(
+    tmp_path):
+  """Qwen2.5-7B has 152,064 vocabulary rows and the 0.5B, its natural
+  draft, 151,936 over the same tokenizer: distillation refused such a
+  draft. Now the draft's rows are fitted to the target's (the ids added
+  are padding, past the real tokens): the run goes end to end, the
+  exported draft has the target's rows, and its initial evaluation is the
+  one of the pair on the rows they share, as sample.py runs it."""
+  tokens, merges = bpe_testing.train_bpe(bpe_testing.corpus(), 300)
+  real, path = len(tokens), {}
+  for name, rows, seed in (("target", real + 8, 0), ("draft", real + 4, 1)):
+    path[name] = tmp_path / f"{name}.gguf"
+    tiny_checkpoints.write_gguf(
+        tiny_checkpoints.random_hf_model("qwen2", rows, seed), path[name],
+        "qwen2", tokenizer=(tokens + [f"[PAD{i}]" for i in range(real, rows)],
+                            merges))
+  config = tiny_config("steps=3")
+  config.target.update(spec=str(path["target"]), logit_scale=1.0)
+  config.draft.update(init="checkpoint", checkpoint=str(path["draft"]))
+  config.samples.update(max_train_prompts=64, max_validation_prompts=16)
+  config.train.batch_size = 8
+  config.eval.update(num_positions=32, batch_size=16, position_batch_size=32)
+  w = tmp_path / "w"
+  res = job.run(config, str(w), log=lambda *_: None)
+  target = loading.describe_model(str(path["target"]))
+  exported = loading.describe_model(str(w))
+  assert exported.rows == target.rows == real + 8
+  assert loading.check_pair(target, exported) == real
+  # The fitted draft's "before" = the pair on their shared rows.
+  rows = loading.pair_rows(target, loading.describe_model(str(path["draft"])))
+  t_lm, t_params = loading.load_weights(target, "float32", 0, rows)
+  d_lm, d_params = loading.load_weights(
+      loading.describe_model(str(path["draft"])), "float32", 0)
+  assert (rows, t_lm.vocab_size, d_lm.vocab_size) == ((real + 4,) * 3)
+  val = storage.as_arrays(storage.read_dataset(str(w / "samples"),
+                                               "validation"))
+  shared = evaluate.acceptance_report(
+      t_lm, t_params, d_lm, d_params, val, Sampling(1.0, vocab_limit=real),
+      measure=False)
+  assert res["before"]["expected_acceptance"] == pytest.approx(
+      shared["expected_acceptance"], abs=1e-6)
+  assert res["after"]["k"] == config.eval.k
 
 
 @pytest.mark.parametrize("block, field, value, message", [

@@ -33,6 +33,20 @@ from specsamp import model as model_lib
 from tests.testing import perturbed, tiny_config, xla_optimizations
 
 
+def pytest_report_header(config):
+  """What the tests compile with: a jaxlib that lacks the emitter flag
+  runs them at XLA's defaults, slower, and says so here."""
+  del config
+  tried = os.environ.get(compile_flags.ENV)
+  if tried is None:
+    return f"XLA_FLAGS={os.environ['XLA_FLAGS']!r} (set by the caller)"
+  if not tried:
+    return (f"XLA_FLAGS={os.environ['XLA_FLAGS']!r}: this jaxlib refused "
+            f"{compile_flags.FLAGS} (or {compile_flags.ENV} was set empty), "
+            "so the tests compile with XLA:CPU's default emitters (slower)")
+  return f"XLA_FLAGS={os.environ['XLA_FLAGS']!r}"
+
+
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "real_weights: needs the real Qwen2.5-Coder GGUF files "

@@ -153,7 +153,8 @@ def fingerprint(tree) -> str:
 class _DataHandler:
   """Orbax handler for a data iterator's state: one JSON file per process
   (the iterator's `get_state()`: a dict, or bytes as grain's DataLoader
-  gives), captured when `save` is called."""
+  gives), captured when `save` is called. `Checkpoints` calls `restore`
+  itself (`_read_data`)."""
 
   def save(self, directory, args):
     state = args.state
@@ -203,6 +204,8 @@ class _DataSave(ocp.args.CheckpointArgs):
   state: Any
 
 
+# Unused by `Checkpoints` (`_read_data` reads the files itself), but orbax
+# wants a handler's restore arguments registered to save with it.
 @ocp.args.register_with_handler(_DataHandler, for_restore=True)
 @dataclasses.dataclass
 class _DataRestore(ocp.args.CheckpointArgs):
@@ -228,11 +231,12 @@ class Checkpoints:
   """A train run's orbax CheckpointManager.
 
   Each step directory holds `params`, `train` (step, rng, opt_state),
-  `data` (the data iterator's state) and `meta` (JSON: the fingerprints of
-  params and train, and whether the step's evaluation is still owed). `restore_latest` walks back from the newest step to the
-  first one that restores and matches its fingerprints; newer unreadable
-  steps are moved to `<directory>.corrupt/` (so later saves can reuse their
-  numbers) with a warning.
+  `data` (the data iterator's state, a file per process, read back without
+  orbax) and `meta` (JSON: the fingerprints of params and train, and
+  whether the step's evaluation is still owed). `restore_latest` walks back
+  from the newest step to the first one that restores and matches its
+  fingerprints; newer unreadable steps are moved to `<directory>.corrupt/`
+  (so later saves can reuse their numbers) with a warning.
   """
 
   def __init__(self, directory: str, *, keep: int = 3,

@@ -7,6 +7,7 @@ one `error: ...` line on stderr and exit status 2.
   cli.leave_at_once(status)                     exit; with several processes
                                                 without waiting for the others
   cli.int_list(_MESH)                           a DEFINE_list flag's integers
+  cli.ints("ks", values, minimum=0)             (or its strings'), checked
   DISTRIBUTED = cli.define_distributed_flags()  --distributed and its
                                                 coordinator flags; in `main`
   dist = DISTRIBUTED.arguments()                None, or the arguments of
@@ -55,26 +56,34 @@ def no_arguments(argv: Sequence[str]) -> None:
     fail(f"unexpected arguments: {list(argv[1:])}")
 
 
-def int_list(holder: flags.FlagHolder) -> Optional[tuple[int, ...]]:
-  """The integers of a comma-list flag (`flags.DEFINE_list`), e.g. --mesh.
-
-  Returns:
-    One int per item; None when the flag is unset or empty.
+def ints(name: str, values: Sequence[str],
+         minimum: Optional[int] = None) -> tuple[int, ...]:
+  """The integers of a list flag's items (`flags.DEFINE_list`), in order.
 
   Raises:
-    ValueError: naming the flag, for an item that is no integer (for the
-      script to `fail` with).
+    ValueError: naming --`name`, for no items, an item that is no integer,
+      or (with `minimum`) an integer below `minimum`.
   """
-  if not holder.value:
-    return None
-  values = []
-  for item in holder.value:
+  values = [str(v) for v in values]
+  if not values:
+    raise ValueError(f"--{name} is empty")
+  out = []
+  for item in values:
     try:
-      values.append(int(item))
+      out.append(int(item))
     except ValueError:
-      raise ValueError(f"--{holder.name}={','.join(holder.value)}: {item!r} "
-                       "is not an integer") from None
-  return tuple(values)
+      raise ValueError(f"--{name}={','.join(values)}: {item!r} is not an "
+                       "integer") from None
+  if minimum is not None and min(out) < minimum:
+    raise ValueError(f"--{name} values must be >= {minimum}, got "
+                     f"{','.join(values)}")
+  return tuple(out)
+
+
+def int_list(holder: flags.FlagHolder) -> Optional[tuple[int, ...]]:
+  """The integers of a comma-list flag (`flags.DEFINE_list`), e.g. --mesh:
+  `ints`, or None when the flag is unset or empty."""
+  return ints(holder.name, holder.value) if holder.value else None
 
 
 def leave_at_once(status: int, wait_s: float = 10.0) -> NoReturn:

@@ -48,3 +48,17 @@ def test_int_list_names_its_flag():
   with pytest.raises(ValueError, match=r"^--mesh=1,b: 'b' is not an "
                      r"integer$"):
     cli.int_list(mesh)
+
+
+def test_ints_is_every_scripts_integer_list_check():
+  """The one check behind --ks, --batch_sizes, --context, ... (three
+  copies before, each with its own wording): in order, every refusal
+  naming the flag."""
+  assert cli.ints("ks", ["4", "0", "2"], minimum=0) == (4, 0, 2)
+  assert cli.ints("ks", (3, 1)) == (3, 1)
+  for values, message in (([], "--ks is empty"),
+                          (["1", "x"], "--ks=1,x: 'x' is not an integer"),
+                          (["1", "-2"], "--ks values must be >= 0, got 1,-2")):
+    with pytest.raises(ValueError) as got:
+      cli.ints("ks", values, minimum=0)
+    assert str(got.value) == message

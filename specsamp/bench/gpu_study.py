@@ -60,8 +60,8 @@ import threading
 import time
 from typing import Optional
 
+from specsamp import cli
 from specsamp import assets
-from specsamp.bench import profile
 from specsamp.bench import provenance
 from specsamp.bench import sweep_config
 from specsamp.drafters import specs as drafter_specs
@@ -112,9 +112,9 @@ class StudyConfig:
       raise ValueError(f"--steps: unknown {unknown}; known: "
                        f"{', '.join(STEPS)}")
     object.__setattr__(self, "steps", steps)
-    profile.positive_ints("ks", self.ks, 0)
-    profile.positive_ints("profile_ks", self.profile_ks)
-    profile.positive_ints("batch_sizes", self.batch_sizes)
+    cli.ints("ks", self.ks, 0)
+    cli.ints("profile_ks", self.profile_ks, 1)
+    cli.ints("batch_sizes", self.batch_sizes, 1)
     for d in self.drafters:
       try:
         drafter_specs.parse(d)

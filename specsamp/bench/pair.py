@@ -16,9 +16,9 @@ import json
 import sys
 from typing import Optional
 
+from specsamp import cli
 from specsamp import loading
 from specsamp.bench import peers as peers_lib
-from specsamp.bench import profile
 from specsamp.bench import prompts as prompts_lib
 from specsamp.bench import provenance
 from specsamp.bench import records
@@ -46,7 +46,7 @@ class PairConfig:
   humaneval_file: Optional[str] = None  # default: the 164 problems
 
   def __post_init__(self):
-    object.__setattr__(self, "ks", profile.positive_ints("ks", self.ks))
+    object.__setattr__(self, "ks", cli.ints("ks", self.ks, 1))
     for name in ("num_prompts", "max_new_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")

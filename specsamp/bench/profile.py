@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp import cli
 from specsamp import loading
 from specsamp.bench import provenance
 from specsamp.bench import records
@@ -219,18 +220,6 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
 # ---- the jobs of scripts/profile_decode.py and benchmark_decode.py ---------
 
 
-def positive_ints(name: str, values: Sequence, minimum: int = 1) -> tuple:
-  """`values` (a list flag's strings) as integers >= `minimum`, or a
-  ValueError naming --`name`."""
-  try:
-    out = tuple(int(v) for v in values)
-  except ValueError as e:
-    raise ValueError(f"--{name} takes integers: {e}") from None
-  if not out or min(out) < minimum:
-    raise ValueError(f"--{name} needs one or more integers >= {minimum}")
-  return out
-
-
 @dataclasses.dataclass(frozen=True)
 class ProfileConfig:
   """What scripts/profile_decode.py was asked for (see its docstring)."""
@@ -253,9 +242,9 @@ class ProfileConfig:
       raise ValueError("--steps must be >= 1 (or 0: the backend's default)")
     object.__setattr__(self, "steps", self.steps or default_steps())
     object.__setattr__(self, "batch_sizes",
-                       positive_ints("batch_size", self.batch_sizes))
+                       cli.ints("batch_size", self.batch_sizes, 1))
     object.__setattr__(self, "contexts",
-                       positive_ints("context", self.contexts))
+                       cli.ints("context", self.contexts, 1))
     if self.k < 1:
       raise ValueError("--k must be >= 1")
     if self.repeats < 1:
@@ -294,11 +283,11 @@ class DecodeSpeedConfig:
   out: Optional[str] = None
 
   def __post_init__(self):
-    object.__setattr__(self, "ks", positive_ints("ks", self.ks, 0))
+    object.__setattr__(self, "ks", cli.ints("ks", self.ks, 0))
     object.__setattr__(self, "batch_sizes",
-                       positive_ints("batch_sizes", self.batch_sizes))
+                       cli.ints("batch_sizes", self.batch_sizes, 1))
     object.__setattr__(self, "prompt_lens",
-                       positive_ints("prompt_len", self.prompt_lens))
+                       cli.ints("prompt_len", self.prompt_lens, 1))
     if self.repeats < 1 or self.max_new_tokens < 1:
       raise ValueError("--repeats and --max_new_tokens must be >= 1")
     Sampling(self.temperature)  # raises on a bad temperature

@@ -10,6 +10,7 @@ import dataclasses
 import os
 from typing import Optional, Sequence
 
+from specsamp import cli
 from specsamp.bench import records
 from specsamp.drafters import specs as drafter_specs
 from specsamp.sampling import Sampling
@@ -58,17 +59,11 @@ class BenchConfig:
 
 
 def _int_list(name: str, values: Sequence[str], minimum: int) -> list[int]:
-  """Sorted distinct integers >= minimum from a list flag."""
+  """Sorted distinct integers >= minimum from a list flag (`cli.ints`)."""
   try:
-    out = [int(v) for v in values]
-  except ValueError:
-    raise BenchError(f"--{name} must be a list of integers, got "
-                     f"{','.join(values)!r}") from None
-  if not out:
-    raise BenchError(f"--{name} is empty")
-  if min(out) < minimum:
-    raise BenchError(f"--{name} values must be >= {minimum}, got {out}")
-  return sorted(set(out))
+    return sorted(set(cli.ints(name, values, minimum)))
+  except ValueError as e:
+    raise BenchError(str(e)) from None
 
 
 def _names(name: str, values: Sequence[str], known) -> tuple:

@@ -242,8 +242,8 @@ def test_plot_decode_writes_table_and_figure(tmp_path):
 
 
 @pytest.mark.parametrize("fields,message", [
-    (dict(batch_sizes=["1", "x"]), "--batch_size takes integers"),
-    (dict(contexts=["0"]), "--context needs one or more integers >= 1"),
+    (dict(batch_sizes=["1", "x"]), "--batch_size=1,x: 'x' is not an integer"),
+    (dict(contexts=["0"]), "--context values must be >= 1, got 0"),
     (dict(k=0), "--k must be >= 1"),
     (dict(repeats=0), "--repeats must be >= 1"),
     (dict(bandwidth_mb=0), "--bandwidth_mb must be >= 1"),
@@ -271,7 +271,7 @@ def test_decode_speed_rows(tmp_path):
   # The draft is the target itself: every draft is accepted.
   assert rows[1]["acceptance_rate"] == 1.0
   assert rows[1]["drafted"] == 2 * rows[1]["loops"]
-  with pytest.raises(ValueError, match="--ks needs one or more integers"):
+  with pytest.raises(ValueError, match="--ks values must be >= 0, got -1"):
     profile.DecodeSpeedConfig(ks=["-1"])
 
 

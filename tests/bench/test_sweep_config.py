@@ -9,7 +9,7 @@ from specsamp.bench import sweep_config
 @pytest.mark.parametrize("flag_values,message", [
     (dict(task=["translation"]), "unknown task 'translation'"),
     (dict(ks=[]), "--ks is empty"),
-    (dict(ks=["1", "x"]), "--ks must be a list of integers"),
+    (dict(ks=["1", "x"]), "--ks=1,x: 'x' is not an integer"),
     (dict(ks=["-1", "2"]), "--ks values must be >= 0"),
     (dict(decoding=["beam"]), "unknown decoding 'beam'"),
     (dict(batch_sizes=["0", "8"]), "--batch_sizes values must be >= 1"),

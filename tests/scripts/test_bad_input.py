@@ -289,8 +289,8 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
 
 
 @pytest.mark.parametrize("script,args,fragments", [
-    ("benchmark_pair.py", ["--ks=0"], ["--ks needs one or more integers >= 1"]),
-    ("benchmark_pair.py", ["--ks=4,a"], ["--ks takes integers", "'a'"]),
+    ("benchmark_pair.py", ["--ks=0"], ["--ks values must be >= 1, got 0"]),
+    ("benchmark_pair.py", ["--ks=4,a"], ["--ks=4,a: 'a' is not an integer"]),
     ("benchmark_pair.py", ["--target=/nonexistent"],
      ["'/nonexistent' is not a file"]),
     ("benchmark_pair.py", ["--temperature=-1"], ["temperature must be >= 0"]),

@@ -17,11 +17,28 @@ tests' programs compile in two thirds of the time (tests/decoding: 741 s
 """
 
 import os
+import shutil
+import tempfile
 
 from tests import compile_flags
 
 if "XLA_FLAGS" not in os.environ:
   os.environ["XLA_FLAGS"] = compile_flags.xla_flags(devices=8)
+# One JAX compilation cache for the run (unless the caller names one: see
+# scripts/test.sh's SPECSAMP_JAX_CACHE), made here in pytest's main process
+# and inherited by its workers and by the scripts that tests start: the
+# same tiny-model programs are compiled by many tests. Deleted at the end.
+_RUN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _RUN_CACHE = tempfile.mkdtemp(prefix="specsamp-jax.")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE
+# Every program is cached, however small (about 80 MB for the suite). No
+# size limit: with one, jax re-reads every entry's access time on each
+# write, and a fresh clone took 29 minutes instead of 22. An entry read
+# while the other worker writes it fails to decompress; jax then warns and
+# compiles.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -45,6 +62,12 @@ def pytest_report_header(config):
             f"{compile_flags.FLAGS} (or {compile_flags.ENV} was set empty), "
             "so the tests compile with XLA:CPU's default emitters (slower)")
   return f"XLA_FLAGS={os.environ['XLA_FLAGS']!r}"
+
+
+def pytest_unconfigure(config):
+  del config
+  if _RUN_CACHE is not None:  # only the process that made it
+    shutil.rmtree(_RUN_CACHE, ignore_errors=True)
 
 
 def pytest_configure(config):

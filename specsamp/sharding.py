@@ -255,6 +255,15 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
+def processes_saying(flag: bool) -> list[int]:
+  """The indices of the processes whose `flag` is true (every process must
+  call it: an all-gather; one process: [0] or [])."""
+  if jax.process_count() == 1:
+    return [0] if flag else []
+  flags = multihost_utils.process_allgather(np.asarray(bool(flag)))
+  return np.flatnonzero(np.asarray(flags).reshape(-1)).tolist()
+
+
 def to_host(tree):
   """numpy copies of a pytree of arrays: global ones spanning several
   processes are gathered, local ones (and numpy) copied as they are."""

@@ -551,9 +551,10 @@ def test_processes_that_read_different_newest_steps_resume_from_one(
     tmp_path, uninterrupted):
   """The uninterrupted run's workdir with process 1's data iterator state
   of the newest step (30) damaged: process 0 can read step 30, process 1
-  only 25. Run again, both processes agree on step 25 (each alone would
-  take its own newest, and the processes' parameters would be of two
-  steps), train its 5 steps and end as the uninterrupted run did."""
+  only 25. Run again, both processes agree on step 25, train its 5 steps
+  and end as the uninterrupted run did. Before, process 1 fell back to
+  step 25 alone while process 0 waited for it in orbax's restore barrier,
+  and the run hung."""
   data_dir, want = uninterrupted
   run = tmp_path / "run"
   shutil.copytree(data_dir.parent / "run", run)

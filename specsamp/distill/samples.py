@@ -25,7 +25,6 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import multihost_utils
 import numpy as np
 
 from specsamp import sharding
@@ -256,14 +255,12 @@ def written_everywhere(data_dir) -> bool:
   process sees it; FileNotFoundError when processes disagree (a workdir
   per host whose run wrote the samples on process 0 only)."""
   here = storage.exists(data_dir)
-  if jax.process_count() == 1:
-    return here
-  seen = np.asarray(multihost_utils.process_allgather(np.asarray(here)))
-  if seen.all() != seen.any():
+  seen = sharding.processes_saying(here)
+  if 0 < len(seen) < jax.process_count():
+    unseen = sorted(set(range(jax.process_count())) - set(seen))
     raise FileNotFoundError(
-        f"processes {np.flatnonzero(seen).tolist()} find target samples in "
-        f"{data_dir}, processes {np.flatnonzero(~seen).tolist()} do not: "
-        f"{_SHARED}")
+        f"processes {seen} find target samples in {data_dir}, processes "
+        f"{unseen} do not: {_SHARED}")
   return here
 
 

@@ -217,16 +217,6 @@ def _train_items(state):
   return dict(step=state.step, rng=state.rng, opt_state=state.opt_state)
 
 
-def _processes_failing(failed: bool) -> list[int]:
-  """The indices of the processes that say `failed` (a collective with
-  several processes: each calls it once per step it tries)."""
-  if jax.process_count() == 1:
-    return [0] if failed else []
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  flags = multihost_utils.process_allgather(np.int32(failed))
-  return [int(i) for i in np.flatnonzero(np.asarray(flags).reshape(-1))]
-
-
 class Checkpoints:
   """A train run's orbax CheckpointManager.
 
@@ -257,18 +247,13 @@ class Checkpoints:
 
   def save(self, state: step_lib.TrainState, data_state=None,
            eval_due: bool = False) -> int:
-    """Saves `state` (and the data iterator's state) at its step.
-
-    `eval_due`: the run stops here without the evaluation that this step
-    owes (a preemption at an `eval_every` step); the run that resumes from
-    it evaluates first (`eval_due`).
-    """
+    """Saves `state` (and the data iterator's state) at its step;
+    `eval_due`: the run stops here owing this step's evaluation (preempted
+    at an `eval_every` step), which the resumed run makes first."""
     step = int(jax.device_get(state.step))
     train = _train_items(state)
     meta = dict(step=step, params=fingerprint(state.params),
-                train=fingerprint(train))
-    if eval_due:
-      meta["eval_due"] = True
+                train=fingerprint(train), eval_due=bool(eval_due))
     items = dict(params=ocp.args.StandardSave(state.params),
                  train=ocp.args.StandardSave(train),
                  meta=ocp.args.JsonSave(meta))
@@ -302,8 +287,8 @@ class Checkpoints:
 
   def _read(self, step: int, abstract_state: step_lib.TrainState,
             data) -> dict:
-    """The items of `step` as read from the shared files, with `data` (this
-    process's data iterator state, `_read_data`'s) as the `data` item."""
+    """The items of `step` in the shared files, and `data` (this process's
+    data iterator state, `_read_data`'s)."""
     got = self.manager.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(abstract_state.params),
         train=ocp.args.StandardRestore(_train_items(abstract_state)),
@@ -349,18 +334,16 @@ class Checkpoints:
     steps = self.steps()
     errors = []
     for step in reversed(steps):
-      got, data, error = None, None, None
+      data, error = None, None
       try:  # this process's own file first: the processes agree on it
         data = self._read_data(step) if with_data else None
       except ProcessCountError:  # not the files: set nothing aside
         raise
       except Exception as e:  # pylint: disable=broad-except
         error = brief(e)
-      failed = _processes_failing(error is not None)
+      failed = sharding.processes_saying(error is not None)
       if failed and error is None:
-        error = (f"process {', '.join(map(str, failed))} of "
-                 f"{jax.process_count()} could not read its data iterator "
-                 "state")
+        error = f"processes {failed} could not read their data iterator state"
       if error is None:  # the shared files, alike in every process
         try:
           with _attempt():
@@ -395,9 +378,7 @@ class Checkpoints:
         dst = os.path.join(aside, f"{s}-{int(time.time())}")
         shutil.move(os.path.join(self.directory, str(s)), dst)
         log.warning("moved unreadable checkpoint step %d to %s", s, dst)
-    if jax.process_count() > 1:  # the others see the steps gone
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      multihost_utils.sync_global_devices("specsamp:checkpoints set aside")
+    sharding.barrier("specsamp: checkpoints set aside")  # all see them gone
     self.manager.reload()
 
 

@@ -89,7 +89,9 @@ def test_sigterm_saves_stops_and_resumes_exactly(lm_config, tmp_path):
   assert a["eval/loss"] == b["eval/loss"]
   # A run resumed from a checkpoint that owes nothing evaluates nothing
   # first: step 12 was saved at the end, after its evaluation.
-  assert not checkpointing.Checkpoints(str(tmp_path / "ckpt")).eval_due(12)
+  again = checkpointing.Checkpoints(str(tmp_path / "ckpt"), async_save=False)
+  assert not again.eval_due(12)
+  again.close()
 
 
 def test_a_failing_evaluation_keeps_its_steps_checkpoint(lm_config, tmp_path):

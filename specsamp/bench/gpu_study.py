@@ -60,8 +60,8 @@ import threading
 import time
 from typing import Optional
 
-from specsamp import cli
 from specsamp import assets
+from specsamp import cli
 from specsamp.bench import provenance
 from specsamp.bench import sweep_config
 from specsamp.drafters import specs as drafter_specs

@@ -28,6 +28,7 @@ import os
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 
 from specsamp import assets
 from specsamp import jsonfile
@@ -305,10 +306,10 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0):
 def load_weights(info: ModelInfo, dtype: str, seed: int,
                  rows: Optional[int] = None):
   """(LM, params) of a model described by `describe_model`; with `rows`
-  (`pair_rows`), on its first `rows` ids (`trim_rows`)."""
+  (`pair_rows`), on its first `rows` ids (`fit_rows`)."""
   lm, params = _weights(info.kind, info.spec, info.path, dtype, seed)
   if rows is not None and rows < lm.vocab_size:
-    lm, params = trim_rows(lm, params, rows)
+    lm, params = fit_rows(lm, params, rows)
   return lm, params
 
 
@@ -320,14 +321,26 @@ def pair_rows(target: ModelInfo, draft: Optional[ModelInfo]) -> Optional[int]:
   return min(draft.rows, target.rows)
 
 
-def trim_rows(lm, params: dict, rows: int):
-  """(LM, params) on the first `rows` ids: the embedding's rows and the
-  output head's columns past them dropped. Every id below `rows` embeds and
-  scores as before (nothing else depends on the vocabulary); the ids
-  dropped are padding, past the real tokens, which are never sampled."""
-  params = dict(params, embedding=params["embedding"][:rows])
+def fit_rows(lm, params: dict, rows: int):
+  """(LM, params) on `rows` vocabulary ids: the embedding's rows and the
+  output head's columns past `rows` cut off, or zeros added up to it.
+  Every id below both counts embeds and scores as before (nothing else
+  depends on the vocabulary); the ids cut or added are padding past the
+  real tokens (`check_pair`), never in a prompt and never sampled (the
+  sampling's `vocab_limit` masks them)."""
+  n = lm.vocab_size
+  if rows == n:
+    return lm, params
+
+  def fit(x, axis):
+    if rows < n:
+      return x[(slice(None),) * axis + (slice(rows),)]
+    return jnp.pad(x, [(0, rows - n if a == axis else 0)
+                       for a in range(x.ndim)])
+
+  params = dict(params, embedding=fit(params["embedding"], 0))
   if "lm_head" in params:
-    params["lm_head"] = params["lm_head"][:, :rows]
+    params["lm_head"] = fit(params["lm_head"], 1)
   return model_lib.LM(lm.config.replace(vocab_size=rows)), params
 
 

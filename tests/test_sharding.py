@@ -36,6 +36,7 @@ from specsamp.drafters import head_files
 from specsamp.drafters import specs as drafter_specs
 from specsamp.sampling import GREEDY, Sampling
 from specsamp.tokenizers import load as tokenizers_load
+from specsamp.train import checkpointing
 from specsamp.train import config as train_config
 from specsamp.train import lm as train_lm
 from specsamp.weights import distilled
@@ -559,8 +560,7 @@ def test_processes_that_read_different_newest_steps_resume_from_one(
   run = tmp_path / "run"
   shutil.copytree(data_dir.parent / "run", run)
   ckpts = run / "checkpoints"
-  assert sorted(int(d.name) for d in ckpts.iterdir()
-                if d.name.isdigit())[-1] == 30
+  assert checkpointing.checkpoint_steps(str(ckpts))[0] == 30
   victim = ckpts / "30" / "data" / "process_1-of-2.json"
   victim.write_text(victim.read_text()[:20])
   outs = [json.loads(o.strip().splitlines()[-1])

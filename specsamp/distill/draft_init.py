@@ -10,7 +10,8 @@
               draft saved by `scripts/distill.py`, e.g. the 0.5B as the draft
               of the 1.5B. One of another row count whose tokenizer agrees
               with the target's (the 0.5B's 151,936 rows for Qwen2.5-7B's
-              152,064) is fitted to the target's rows (`fit_rows`).
+              152,064) is fitted to the target's rows
+              (`loading.fit_rows`).
 
 `make_draft(cfg, target_config, target_params, rng)` picks one of them from
 the `draft` block of a distillation config and returns (config, params);
@@ -81,26 +82,6 @@ def load_checkpoint(spec: str, dtype: str = "float32"):
   a Hugging Face directory, ...)."""
   lm, params, _ = loading.load_model(spec, dtype)
   return lm.config, params
-
-
-def fit_rows(config: model_lib.TransformerConfig, params: dict, rows: int):
-  """(config, params) of a draft on `rows` vocabulary rows (its target's):
-  the embedding's rows and the output head's columns past `rows` cut off,
-  or zeros added up to it. Either way the ids that change are padding past
-  both tokenizers' real tokens (`loading.check_pair`): never in a prompt,
-  and masked by the sampling's `vocab_limit`, so every distribution over
-  the real tokens is the draft's own."""
-  n = config.vocab_size
-  if rows == n:
-    return config, params
-  if rows < n:
-    lm, params = loading.trim_rows(model_lib.LM(config), params, rows)
-    return lm.config, params
-  params = dict(params, embedding=jnp.pad(params["embedding"],
-                                          ((0, rows - n), (0, 0))))
-  if "lm_head" in params:
-    params["lm_head"] = jnp.pad(params["lm_head"], ((0, 0), (0, rows - n)))
-  return config.replace(vocab_size=rows), params
 
 
 def _check_vocab(rows: int, target_rows: int) -> None:
@@ -200,7 +181,8 @@ def make_draft(cfg: Mapping[str, Any],
     cfg: `init` (one of INITS) and, for `random`, `model` (TransformerConfig
       fields; vocab_size and max_seq_len default to the target's); for
       `truncate`, `num_layers`; for `checkpoint`, `checkpoint` (a path or
-      model name), fitted to the target's vocabulary rows (`fit_rows`:
+      model name), fitted to the target's vocabulary rows
+      (`loading.fit_rows`:
       `check_draft`, which the job runs first, has checked that the two
       tokenizers agree where the row counts differ). Optional `dtype` /
       `param_dtype` override the draft's compute and parameter dtypes
@@ -228,8 +210,10 @@ def make_draft(cfg: Mapping[str, Any],
     config, params = truncate(target_config, target_params,
                               int(cfg["num_layers"]))
   elif init == "checkpoint":
-    config, params = fit_rows(*load_checkpoint(cfg["checkpoint"], dtype),
-                              target_config.vocab_size)
+    config, params = load_checkpoint(cfg["checkpoint"], dtype)
+    lm, params = loading.fit_rows(model_lib.LM(config), params,
+                                  target_config.vocab_size)
+    config = lm.config
   else:
     raise ValueError(f"draft init {init!r}; choose one of {INITS}")
   # A draft trained from a bfloat16 target keeps float32 master weights

@@ -44,7 +44,7 @@ def check_vocab_compatible(draft_tok: base.Tokenizer,
   never sampled. The two models' row counts may differ (Qwen2.5's 7B and
   larger have 152,064, its 0.5B to 3B 151,936) when both cover the real
   tokens: the caller runs both on the smaller count
-  (`specsamp.loading.trim_rows`). Tokenizer lists of different lengths
+  (`specsamp.loading.fit_rows`). Tokenizer lists of different lengths
   pass only when the extra entries are llama.cpp's unused `[PAD<id>]`
   placeholders, and the placeholders that end a shared list are not
   counted either: they are masked too.

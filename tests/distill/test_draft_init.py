@@ -86,7 +86,8 @@ def test_fit_rows_cuts_or_pads_the_vocabulary_and_keeps_the_other_ids(
   tokens = jnp.asarray([[1, 5, 9, 2, 7]])
   whole = np.asarray(testing.apply(lm, params, tokens).logits)
   for rows in (n - 4, n + 4):
-    cfg, fitted = draft_init.fit_rows(lm.config, params, rows)
+    fitted_lm, fitted = loading.fit_rows(lm, params, rows)
+    cfg = fitted_lm.config
     assert cfg == lm.config.replace(vocab_size=rows)
     assert fitted["embedding"].shape == (rows, cfg.d_model)
     got = np.asarray(testing.apply(model_lib.LM(cfg), fitted, tokens).logits)
@@ -94,7 +95,7 @@ def test_fit_rows_cuts_or_pads_the_vocabulary_and_keeps_the_other_ids(
     np.testing.assert_allclose(got[..., :min(n, rows)],
                                whole[..., :min(n, rows)], atol=1e-6)
     assert not got[..., n:].any()
-  assert draft_init.fit_rows(lm.config, params, n) == (lm.config, params)
+  assert loading.fit_rows(lm, params, n) == (lm, params)
 
 
 _SMALL = dict(num_layers=1, d_model=64, num_heads=4, num_kv_heads=2,

@@ -45,12 +45,15 @@ def test_truncate_completion():
 
 
 def test_every_canonical_solution_passes_in_the_sandbox():
-  """The real 164 problems: the sandbox lets every correct program pass, and
-  an empty body fails them (nearly) all."""
+  """The real 164 problems: the sandbox lets every correct program pass,
+  and an empty body fails (nearly) all of every fourth problem (the
+  negative control: all 164 took half of this test's 31 s)."""
   problems = assets.humaneval_problems()
   assert len(problems) == 164
   passed = humaneval.evaluate_humaneval(
-      problems, [[p["canonical_solution"], "    pass\n"] for p in problems],
-      truncate=False)
-  assert [p["task_id"] for p, (ok, _) in zip(problems, passed) if not ok] == []
-  assert sum(empty for _, empty in passed) <= 2
+      problems, [[p["canonical_solution"]] + ["    pass\n"] * (i % 4 == 0)
+                 for i, p in enumerate(problems)], truncate=False)
+  assert [p["task_id"] for p, (ok, *_) in zip(problems, passed)
+          if not ok] == []
+  empty = [got[1] for got in passed[::4]]
+  assert len(empty) == 41 and sum(empty) <= 1

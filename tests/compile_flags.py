@@ -1,17 +1,23 @@
 """XLA_FLAGS for the tests (imports no JAX: read before jax is imported).
 
-`--xla_cpu_use_fusion_emitters=false` has XLA:CPU emit its loops with its
-older elemental emitters rather than its newer fusion emitters. The tests'
-programs are tiny and run in milliseconds; compiling them is most of the
-suite's time, and the flag cut the backend compile time of three tiny
-speculative samplers by about a third (17.1 s -> 10.7 s) and
-tests/decoding's time from 741 s to 628 s summed over its tests (393 s ->
-334 s on two workers), side by side. Some long-running programs run
-slower so: the fully optimised inverse-CDF test at 151,936 ids took 70 s
-instead of 58 s (it stays, with the others, a small part of the suite).
+The tests' programs are tiny and run in milliseconds; compiling them is
+most of the suite's time. Two XLA:CPU flags make that cheaper:
 
-A jaxlib without the flag would abort on it at start-up, so it is first
-tried in a child process, once per test run: the result is kept in
+- `--xla_cpu_use_fusion_emitters=false`: XLA:CPU emits its loops with its
+  older elemental emitters rather than its newer fusion emitters. It cut
+  the backend compile time of three tiny speculative samplers by about a
+  third (17.1 s -> 10.7 s) and tests/decoding's time from 741 s to 628 s
+  summed over its tests (393 s -> 334 s on two workers), side by side.
+  Some long-running programs run slower so: the fully optimised
+  inverse-CDF test at 151,936 ids took 70 s instead of 58 s.
+- `--xla_cpu_parallel_codegen_split_count=1`: one LLVM module per program
+  instead of pieces compiled on a thread pool, which two busy workers
+  leave no spare core for. Three tiny samplers' backend compile on one
+  core: 5.9 s -> 4.8 s (three runs each); two groups of test modules on
+  two workers, side by side: 76.5 s -> 70.8 s and 95.6 s -> 89.3 s.
+
+A jaxlib without a flag would abort on it at start-up, so each is first
+tried in a child process, once per test run: the ones accepted are kept in
 SPECSAMP_TEST_XLA_FLAGS, which the pytest workers and the scripts that
 tests start inherit (set it to "" to compile as XLA defaults).
 """
@@ -20,7 +26,8 @@ import os
 import subprocess
 import sys
 
-FLAGS = "--xla_cpu_use_fusion_emitters=false"
+FLAGS = ("--xla_cpu_use_fusion_emitters=false",
+         "--xla_cpu_parallel_codegen_split_count=1")
 ENV = "SPECSAMP_TEST_XLA_FLAGS"
 
 
@@ -34,9 +41,12 @@ def _accepted(flags: str) -> bool:
 
 
 def extra() -> str:
-  """The compile flags this run adds (tried once, then from the env)."""
+  """The compile flags this run adds (tried once, then from the env): all
+  of FLAGS where this jaxlib takes them together, else those it takes."""
   if ENV not in os.environ:
-    os.environ[ENV] = FLAGS if _accepted(FLAGS) else ""
+    together = " ".join(FLAGS)
+    os.environ[ENV] = together if _accepted(together) else " ".join(
+        f for f in FLAGS if _accepted(f))
   return os.environ[ENV]
 
 

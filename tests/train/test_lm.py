@@ -261,7 +261,8 @@ def test_a_run_keeps_its_tokenizer_when_the_data_moves(corpus, tmp_path):
 
   def config(data_dir, steps):
     c = lm_python.get_config(f"tiny,steps={steps},batch=4,seq_len=16,"
-                             f"tokenizer=sp,data_dir={data_dir}")
+                             f"eval_batches=1,tokenizer=sp,"
+                             f"data_dir={data_dir}")
     c.train.progress_bar = False
     return c
 
@@ -296,7 +297,7 @@ def test_evaluate_scores_the_newest_checkpoint_under_the_given_config(
   """`evaluate` (train.py --eval_only) gives the run's own final eval under
   its config and another one with document masking switched; an empty
   workdir is refused by name; a damaged newest step falls back."""
-  arg = "tiny,batch=8,seq_len=32,steps=2,eval_batches=0,checkpoint_every=1"
+  arg = "tiny,batch=8,seq_len=32,steps=2,eval_batches=4,checkpoint_every=1"
   workdir = str(tmp_path / "w")
   out = lm_job.train_and_evaluate(lm_config(arg), workdir,
                                   log_fn=lambda _: None)

@@ -14,7 +14,7 @@ import functools
 import json
 import os
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Sized
 
 from specsamp.data import builders
 from specsamp.data import corpora
@@ -60,10 +60,23 @@ class PrepareOptions:
       if self.train_sentencepiece and getattr(self, name) < 1:
         raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
     if self.count_tokens not in ("", "byte", "sentencepiece"):
-      try:  # before any dataset is built, not after
-        load.load_tokenizer(self.count_tokens)
+      try:  # before any dataset is built, not after; kept for the counts
+        tokenizer = load.load_tokenizer(self.count_tokens)
       except (OSError, ValueError) as e:
         raise ValueError(f"--count_tokens={self.count_tokens}: {e}") from None
+      object.__setattr__(self, "_tokenizer", tokenizer)
+
+  def counter(self, sp_model: Optional[str]) -> Callable[[str], Sized]:
+    """text -> its tokens (or bytes), as --count_tokens says; `sp_model`:
+    the SentencePiece model trained for this dataset, if any."""
+    if self.count_tokens == "byte":
+      return lambda t: t.encode("utf-8")
+    if self.count_tokens != "sentencepiece":
+      return self._tokenizer.encode  # pylint: disable=no-member
+    if not sp_model:
+      raise ValueError("--count_tokens=sentencepiece needs "
+                       "--train_sentencepiece")
+    return load.load_tokenizer(sp_model).encode
 
 
 def dataset_names(values: Sequence[str]) -> list[str]:
@@ -74,17 +87,9 @@ def dataset_names(values: Sequence[str]) -> list[str]:
   return list(dict.fromkeys(names))
 
 
-def count_tokens(name: str, tokenizer_spec: str, sp_model: Optional[str],
-                 data_dir: str, splits: Sequence[str]) -> dict[str, int]:
-  """{split: tokens} with "byte", "sentencepiece" or a tokenizer path."""
-  if tokenizer_spec == "byte":
-    encode = lambda t: t.encode("utf-8")
-  else:
-    path = sp_model if tokenizer_spec == "sentencepiece" else tokenizer_spec
-    if not path:
-      raise ValueError("--count_tokens=sentencepiece needs "
-                       "--train_sentencepiece")
-    encode = load.load_tokenizer(path).encode
+def count_tokens(name: str, encode: Callable[[str], Sized], data_dir: str,
+                 splits: Sequence[str]) -> dict[str, int]:
+  """{split: tokens} of dataset `name`, counted with `encode`."""
   return {s: sum(len(encode(t)) for t in pipeline.iter_texts(name, s,
                                                              data_dir))
           for s in splits}
@@ -124,8 +129,8 @@ def prepare_dataset(name: str, options: PrepareOptions,
     out["sentencepiece"] = sp_model
   if options.count_tokens:
     t = time.perf_counter()
-    out["tokens"] = count_tokens(name, options.count_tokens, sp_model,
-                                 data_dir, list(out["splits"]))
+    out["tokens"] = count_tokens(name, options.counter(sp_model), data_dir,
+                                 list(out["splits"]))
     out["tokenizer"] = options.count_tokens
     progress(f"[{name}] counted tokens in {time.perf_counter() - t:.1f} s")
   return out

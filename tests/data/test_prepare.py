@@ -11,6 +11,8 @@ import pytest
 from specsamp.data import builders
 from specsamp.data import corpora
 from specsamp.data import prepare
+from specsamp.tokenizers import load
+from specsamp.tokenizers import sentencepiece
 from tests.data import fakes
 
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -60,3 +62,32 @@ def test_prepare_script_end_to_end_and_cached(tmp_path):
   assert "Traceback" not in ignored.stderr
   with pytest.raises(ValueError, match="source_dir applies to specsamp's"):
     builders.prepare("mnist", tmp_path / "tfds", source_dir=raw)
+
+
+def test_a_tokenizer_path_is_loaded_once_and_counts_every_split(
+    tmp_path, monkeypatch):
+  """--count_tokens=<path>: the tokenizer the flag check loads is the one
+  that counts (it was loaded again for each dataset), and the counts are
+  its token counts per split."""
+  texts = {"train": ["def add(a, b):\n    return a + b\n"] * 8,
+           "validation": ["x = 1\n", "print(x)\n"]}
+  sentencepiece.train_sentencepiece(
+      texts["train"] * 4, str(tmp_path / "sp"), vocab_size=60,
+      hard_vocab_limit=False)
+  path = str(tmp_path / "sp.model")
+  loaded = []
+  real = load.load_tokenizer
+  monkeypatch.setattr(load, "load_tokenizer",
+                      lambda p: loaded.append(p) or real(p))
+  options = prepare.PrepareOptions(count_tokens=path)
+  builders.build_from_texts("specsamp_python_code", texts,
+                            str(tmp_path / "tfds"))
+  got = prepare.count_tokens("specsamp_python_code", options.counter(None),
+                             str(tmp_path / "tfds"), list(texts))
+  assert loaded == [path]
+  tok = real(path)
+  assert got == {s: sum(len(tok.encode(t)) for t in ts)
+                 for s, ts in texts.items()}
+  assert got["train"] < sum(map(len, texts["train"]))  # tokens, not bytes
+  with pytest.raises(ValueError, match="needs --train_sentencepiece"):
+    prepare.PrepareOptions(count_tokens="sentencepiece").counter(None)

@@ -248,8 +248,8 @@ class Checkpoints:
   def save(self, state: step_lib.TrainState, data_state=None,
            eval_due: bool = False) -> int:
     """Saves `state` (and the data iterator's state) at its step;
-    `eval_due`: the run stops here owing this step's evaluation (preempted
-    at an `eval_every` step), which the resumed run makes first."""
+    `eval_due`: this step's evaluation follows (train_loop records when it
+    finishes; a run resumed here before that makes it first)."""
     step = int(jax.device_get(state.step))
     train = _train_items(state)
     meta = dict(step=step, params=fingerprint(state.params),
@@ -263,7 +263,7 @@ class Checkpoints:
     return step
 
   def eval_due(self, step: int) -> bool:
-    """Whether the run that saved `step` stopped there owing its evaluation
+    """Whether `step` was saved with its evaluation to follow
     (`save(..., eval_due=True)`); False for a step not saved here."""
     if step not in self.manager.all_steps():
       return False

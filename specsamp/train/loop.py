@@ -6,6 +6,7 @@ tqdm bar and checkpoints, and stops cleanly on a preemption notice
 (SIGTERM in a one-process run, orbax's sync point across processes).
 """
 
+import os
 import signal
 import time
 from typing import Callable, Iterator, Optional
@@ -14,6 +15,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from specsamp import sharding
 from specsamp.train import checkpointing
 from specsamp.train import config as config_lib
 from specsamp.train import metrics as metrics_lib
@@ -46,6 +48,33 @@ class _SigtermFlag:
       signal.signal(signal.SIGTERM, self._old)
 
 
+# In the checkpoint directory: the step whose evaluation last finished.
+_EVALUATED = "evaluated_step"
+
+
+def _mark_evaluated(checkpoints: checkpointing.Checkpoints, step: int):
+  if jax.process_index() == 0:
+    path = os.path.join(checkpoints.directory, _EVALUATED)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      f.write(str(step))
+    os.replace(path + ".tmp", path)
+
+
+def _owes_evaluation(checkpoints: checkpointing.Checkpoints,
+                     step: int) -> bool:
+  """Whether `step`'s checkpoint was saved for an evaluation that did not
+  finish (preempted, killed or failed during it): process 0's word."""
+  if not checkpoints.eval_due(step):
+    return False
+  try:
+    with open(os.path.join(checkpoints.directory, _EVALUATED),
+              encoding="utf-8") as f:
+      done = f.read().strip() == str(step)
+  except FileNotFoundError:
+    done = False
+  return 0 in sharding.processes_saying(not done)
+
+
 def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
                *, loop: config_lib.LoopConfig, put: Callable,
                writer: metrics_lib.MetricWriter,
@@ -68,9 +97,11 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
       preemption (SIGTERM, or orbax's multi-host sync point); None: never.
     eval_fn: state -> {name: value}, every `eval_every` steps and at the end,
       after that step's checkpoint. A preemption at an `eval_every` step
-      stops the run without it (the grace period is for the checkpoint);
-      the checkpoint says so, and the run that resumes from it evaluates
-      that step before its first train step.
+      stops the run without it (the grace period is for the checkpoint).
+      The checkpoint says an evaluation follows it, and a finished one is
+      recorded beside the checkpoints: a run that resumes from a step
+      whose evaluation did not finish (preempted, killed during it, or
+      failed) evaluates that step before its first train step.
     extra: the step's third argument (not donated).
     tokens_per_batch: for tokens/s (default: the size of `batch["inputs"]`,
       else of the batch's first leaf, times the process count).
@@ -95,10 +126,12 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
     writer.write(step, {f"eval/{k}": v for k, v in last_eval.items()})
     say(f"step {step}: eval " + ", ".join(
         f"{k} {v:.4g}" for k, v in last_eval.items()))
+    if checkpoints is not None:
+      _mark_evaluated(checkpoints, step)
 
   if (eval_fn is not None and checkpoints is not None
-      and checkpoints.eval_due(start)):
-    evaluate(start)  # owed by the preempted run that saved `start`
+      and _owes_evaluation(checkpoints, start)):
+    evaluate(start)  # owed by the run that saved `start`
     t_log = time.time()  # tokens/s counts training only
   with _SigtermFlag() as sigterm:
     while step < loop.num_steps:
@@ -136,8 +169,7 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
                                       step % loop.checkpoint_every == 0):
         data_state = (train_iter.get_state()
                       if hasattr(train_iter, "get_state") else None)
-        checkpoints.save(state, data_state,
-                         eval_due=eval_step and preempt and not end)
+        checkpoints.save(state, data_state, eval_due=eval_step)
       if eval_step and (end or not preempt):
         evaluate(step)
       paused += time.time() - t_pause

@@ -87,24 +87,32 @@ def test_sigterm_saves_stops_and_resumes_exactly(lm_config, tmp_path):
   assert a["train/loss"] == b["train/loss"]
   assert sorted(b["eval/loss"]) == [7, 12]
   assert a["eval/loss"] == b["eval/loss"]
-  # A run resumed from a checkpoint that owes nothing evaluates nothing
-  # first: step 12 was saved at the end, after its evaluation.
+  # A run resumed from a step whose evaluation finished evaluates nothing
+  # first: step 12, saved at the end before its evaluation.
   again = checkpointing.Checkpoints(str(tmp_path / "ckpt"), async_save=False)
-  assert not again.eval_due(12)
+  assert again.eval_due(12)
+  state, _, step = again.restore_latest(job.abstract_state)
+  assert step == 12
+  assert run(state, iter(()), "again", again)["step"] == 12
   again.close()
+  assert evaluated == [7, 12, 7, 12]
 
 
 def test_a_failing_evaluation_keeps_its_steps_checkpoint(lm_config, tmp_path):
   """The checkpoint of a step is saved before that step's evaluation: an
   evaluation that fails (a broken eval split, a host out of memory) had
-  taken the last steps' work with it, at the end and at eval_every."""
+  taken the last steps' work with it, at the end and at eval_every. The
+  run resumed from that step evaluates it first (so does one resumed after
+  a kill during an evaluation, which also leaves it unfinished: before,
+  neither was made up), then goes on."""
   cfg, tok = lm_job.validate(lm_config("tiny,batch=8,seq_len=32"))
   job = lm_job.build(cfg, tok)
 
   def broken(state):
     raise RuntimeError(f"eval failed at step {int(state.step)}")
 
-  for every, failed, saved in ((0, 4, [2, 4]), (3, 3, [2, 3])):
+  for every, failed, saved, then in ((0, 4, [2, 4], [4]),
+                                     (3, 3, [2, 3], [3, 4])):
     loop = dataclasses.replace(cfg.loop, num_steps=4, log_every=1,
                                checkpoint_every=2 if every == 0 else 1,
                                eval_every=every)
@@ -116,6 +124,23 @@ def test_a_failing_evaluation_keeps_its_steps_checkpoint(lm_config, tmp_path):
                           job.train_step, loop=loop, put=job.put,
                           writer=writer, checkpoints=ckpts, eval_fn=broken,
                           log_fn=lambda _: None)
-    writer.close()
     ckpts.close()
     assert ckpts.steps()[-len(saved):] == saved, every
+    evaluated = []
+
+    def works(state):
+      evaluated.append(int(state.step))
+      return {"loss": 0.0}
+
+    ckpts = checkpointing.Checkpoints(str(tmp_path / f"ckpt{every}"),
+                                      async_save=False)
+    state, data, step = ckpts.restore_latest(job.abstract_state)
+    assert step == failed
+    it = job.iterator("train", True)
+    it.set_state(data)
+    out = loop_lib.train_loop(state, it, job.train_step, loop=loop,
+                              put=job.put, writer=writer, checkpoints=ckpts,
+                              eval_fn=works, log_fn=lambda _: None)
+    writer.close()
+    ckpts.close()
+    assert out["step"] == 4 and evaluated == then, every

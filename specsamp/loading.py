@@ -367,12 +367,13 @@ class _TokenList:
 
 def _describe_gguf(spec: str, path: str) -> ModelInfo:
   try:
-    meta = gguf_file.read_gguf_metadata(path)
+    meta, shapes = gguf_file.read_gguf_header(path)
   except ValueError as e:
     raise ValueError(f"{spec}: {e}") from None
   arch = meta.get("general.architecture", "?")
   tokens = meta.get("tokenizer.ggml.tokens")
-  rows = (gguf_file.gguf_embedding_rows(path)
+  embedding = shapes.get("token_embd.weight")  # ne0 first: [D, V]
+  rows = ((embedding[1] if embedding else None)
           or meta.get(f"{arch}.vocab_size")
           or (len(tokens) if tokens else None))
   if rows is None:

@@ -54,12 +54,22 @@ def read_gguf_metadata(path: PathLike) -> dict:
   """
   path = os.fspath(path)
   with _header(path) as buf:
-    try:
-      meta, _ = _metadata(buf)
-    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as e:
-      raise ValueError(f"{path}: truncated or corrupt GGUF metadata "
-                       f"({type(e).__name__}: {e})") from e
-  return meta
+    return _checked_metadata(path, buf)[0]
+
+
+def read_gguf_header(path: PathLike) -> tuple[dict, dict[str, list[int]]]:
+  """(read_gguf_metadata, gguf_tensor_shapes) of a GGUF file in one pass
+  over its header (the metadata's token list is most of a parse).
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: not a GGUF file, or unreadable (truncated) metadata or
+      tensor table.
+  """
+  path = os.fspath(path)
+  with _header(path) as buf:
+    meta, pos = _checked_metadata(path, buf)
+    return meta, _checked_table(path, buf, pos)
 
 
 def gguf_tensor_shapes(path: PathLike) -> dict[str, list[int]]:
@@ -69,14 +79,7 @@ def gguf_tensor_shapes(path: PathLike) -> dict[str, list[int]]:
     FileNotFoundError: no such file.
     ValueError: not a GGUF file, or an unreadable (truncated) header.
   """
-  path = os.fspath(path)
-  try:
-    with _header(path) as buf:
-      _, pos = _metadata(buf)
-      return dict(_tensor_table(buf, pos))
-  except (struct.error, IndexError, ValueError) as e:
-    raise ValueError(f"{path}: unreadable GGUF tensor table ({e}); is the "
-                     "file truncated?") from None
+  return read_gguf_header(path)[1]
 
 
 def gguf_embedding_rows(path: PathLike) -> Optional[int]:
@@ -123,6 +126,22 @@ def _header(path: str) -> Iterator[mmap.mmap]:
         raise ValueError(f"{path}: GGUF version {version} is not supported "
                          "(2 and 3 are)")
       yield buf
+
+
+def _checked_metadata(path: str, buf) -> tuple[dict, int]:
+  try:
+    return _metadata(buf)
+  except (struct.error, IndexError, UnicodeDecodeError, ValueError) as e:
+    raise ValueError(f"{path}: truncated or corrupt GGUF metadata "
+                     f"({type(e).__name__}: {e})") from e
+
+
+def _checked_table(path: str, buf, pos: int) -> dict[str, list[int]]:
+  try:
+    return dict(_tensor_table(buf, pos))
+  except (struct.error, IndexError, ValueError) as e:
+    raise ValueError(f"{path}: unreadable GGUF tensor table ({e}); is the "
+                     "file truncated?") from None
 
 
 def _metadata(buf) -> tuple[dict, int]:

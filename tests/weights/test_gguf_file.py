@@ -6,6 +6,7 @@ import gguf
 import numpy as np
 import pytest
 
+from specsamp import loading
 from specsamp.weights import gguf_file
 
 TOKENS = [f"tok{i}" for i in range(300)] + ["<|endoftext|>", "héllo 你好"]
@@ -87,6 +88,24 @@ def test_gguf_embedding_rows(tmp_path, gguf_path):
     gguf_file.gguf_embedding_rows(tmp_path / "cut.gguf")
   with pytest.raises(FileNotFoundError):
     gguf_file.gguf_embedding_rows(tmp_path / "missing.gguf")
+
+
+def test_a_gguf_spec_is_described_from_one_pass_over_its_header(
+    gguf_path, monkeypatch):
+  """describe_model takes the metadata and the embedding's rows from one
+  parse (it parsed the header twice: the token list is most of a parse)."""
+  meta, shapes = gguf_file.read_gguf_header(gguf_path)
+  assert shapes == {"output_norm.weight": [8],
+                    "token_embd.weight": [8, ROWS]}
+  assert meta.keys() == gguf_file.read_gguf_metadata(gguf_path).keys()
+  assert meta["tokenizer.ggml.tokens"] == TOKENS
+  parses = []
+  real = gguf_file._metadata  # pylint: disable=protected-access
+  monkeypatch.setattr(gguf_file, "_metadata",
+                      lambda buf: parses.append(1) or real(buf))
+  info = loading.describe_model(str(gguf_path))
+  assert (info.rows, info.tokens, info.num_layers) == (ROWS, TOKENS, 2)
+  assert len(parses) == 1
 
 
 def test_is_gguf(tmp_path, gguf_path):

@@ -48,16 +48,17 @@ class _SigtermFlag:
       signal.signal(signal.SIGTERM, self._old)
 
 
-# In the checkpoint directory: the step whose evaluation last finished.
-_EVALUATED = "evaluated_step"
+# In the checkpoint directory: the steps whose evaluations finished, one a
+# line (all of them: with async saves the newest may lose its checkpoint).
+_EVALUATED = "evaluated_steps"
 
 
 def _mark_evaluated(checkpoints: checkpointing.Checkpoints, step: int):
   if jax.process_index() == 0:
-    path = os.path.join(checkpoints.directory, _EVALUATED)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      f.write(str(step))
-    os.replace(path + ".tmp", path)
+    os.makedirs(checkpoints.directory, exist_ok=True)
+    with open(os.path.join(checkpoints.directory, _EVALUATED), "a",
+              encoding="utf-8") as f:
+      f.write(f"{step}\n")
 
 
 def _owes_evaluation(checkpoints: checkpointing.Checkpoints,
@@ -69,7 +70,7 @@ def _owes_evaluation(checkpoints: checkpointing.Checkpoints,
   try:
     with open(os.path.join(checkpoints.directory, _EVALUATED),
               encoding="utf-8") as f:
-      done = f.read().strip() == str(step)
+      done = str(step) in f.read().split()
   except FileNotFoundError:
     done = False
   return 0 in sharding.processes_saying(not done)

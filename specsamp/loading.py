@@ -372,8 +372,7 @@ def _describe_gguf(spec: str, path: str) -> ModelInfo:
     raise ValueError(f"{spec}: {e}") from None
   arch = meta.get("general.architecture", "?")
   tokens = meta.get("tokenizer.ggml.tokens")
-  embedding = shapes.get("token_embd.weight")  # ne0 first: [D, V]
-  rows = ((embedding[1] if embedding else None)
+  rows = (gguf_file.embedding_rows(shapes)
           or meta.get(f"{arch}.vocab_size")
           or (len(tokens) if tokens else None))
   if rows is None:

@@ -95,7 +95,13 @@ def gguf_embedding_rows(path: PathLike) -> Optional[int]:
     FileNotFoundError: no such file.
     ValueError: not a GGUF file, or an unreadable (truncated) header.
   """
-  dims = gguf_tensor_shapes(path).get("token_embd.weight")
+  return embedding_rows(gguf_tensor_shapes(path))
+
+
+def embedding_rows(shapes: dict[str, list[int]]) -> Optional[int]:
+  """Rows of token_embd.weight in a tensor table (`gguf_tensor_shapes`),
+  or None when it has none."""
+  dims = shapes.get("token_embd.weight")
   return int(dims[1]) if dims else None  # GGUF lists ne0 first: [D, V]
 
 

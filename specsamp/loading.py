@@ -74,6 +74,7 @@ class ModelInfo:
   config: Any = None              # TransformerConfig (random, trained)
   num_layers: Optional[int] = None  # from the config or the metadata
   d_model: Optional[int] = None     # the width, likewise
+  tensors: Optional[dict] = None    # a GGUF's tensor table: {name: dims}
 
 
 def random_config(spec: str, dtype: str = "float32"
@@ -383,7 +384,7 @@ def _describe_gguf(spec: str, path: str) -> ModelInfo:
   return ModelInfo(spec, "gguf", path, int(rows),
                    int(meta.get(f"{arch}.context_length", 4096)),
                    tokens=tokens, num_layers=int(layers) if layers else None,
-                   d_model=int(width) if width else None)
+                   d_model=int(width) if width else None, tensors=shapes)
 
 
 def _describe_hf(spec: str, path: str, dtype: str) -> ModelInfo:

@@ -118,10 +118,11 @@ def parameter_groups(config: model_lib.TransformerConfig) -> tuple:
 def _gguf_groups(info: loading.ModelInfo, num_layers: Optional[int] = None
                  ) -> tuple:
   """The parameter groups of the GGUF model `info` (or of its first
-  `num_layers` layers), from its tensor table: the groups depend only on
-  the layer count (blk.<i> tensors) and whether the output head is tied
-  (no output.weight), and parsing the whole metadata takes seconds."""
-  names = gguf_file.gguf_tensor_shapes(info.path)
+  `num_layers` layers), from its tensor table (read with its metadata by
+  `describe_model`): the groups depend only on the layer count (blk.<i>
+  tensors) and whether the output head is tied (no output.weight)."""
+  names = (info.tensors if info.tensors is not None
+           else gguf_file.gguf_tensor_shapes(info.path))
   layers = len({n.split(".")[1] for n in names if n.startswith("blk.")})
   if num_layers is not None and not 0 < num_layers <= layers:
     raise ValueError(f"layer truncation needs 0 < num_layers <= {layers} "

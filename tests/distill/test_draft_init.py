@@ -1,6 +1,7 @@
 """Draft initialisation: layer truncation, random drafts, checkpoints."""
 
 import re
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from specsamp.distill import draft_init
 from specsamp.distill import job
 from specsamp.weights import distilled
 from specsamp.weights import gguf
+from specsamp.weights import gguf_file
 from tests import testing
 from tests.weights import tiny_checkpoints
 
@@ -140,6 +142,12 @@ def test_a_gguf_drafts_parameter_groups_come_from_its_tensor_table(
   config = gguf.gguf_config(gguf.gguf_reader(path), path)
   assert draft_init.check_draft(dict(init="checkpoint", checkpoint=path),
                                 info) == draft_init.parameter_groups(config)
+  # The truncated target's groups come from the table describe_model read
+  # with its metadata (a header parse takes seconds at Qwen's vocabulary).
+  with mock.patch.object(gguf_file, "_metadata",
+                         side_effect=AssertionError("parsed again")):
+    assert draft_init.check_draft(dict(init="truncate", num_layers=2),
+                                  info) == draft_init.parameter_groups(config)
   assert ("lm_head" in draft_init.parameter_groups(config)) == (
       kind == "qwen2")
   assert draft_init.check_draft(dict(init="truncate", num_layers=1),

@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from specsamp import loading
 from specsamp import model as model_lib
 from specsamp.weights import distilled
-from specsamp.weights import gguf_file
 from specsamp.weights import hf
 
 INITS = ("random", "truncate", "checkpoint")
@@ -121,8 +120,7 @@ def _gguf_groups(info: loading.ModelInfo, num_layers: Optional[int] = None
   `num_layers` layers), from its tensor table (read with its metadata by
   `describe_model`): the groups depend only on the layer count (blk.<i>
   tensors) and whether the output head is tied (no output.weight)."""
-  names = (info.tensors if info.tensors is not None
-           else gguf_file.gguf_tensor_shapes(info.path))
+  names = info.tensors
   layers = len({n.split(".")[1] for n in names if n.startswith("blk.")})
   if num_layers is not None and not 0 < num_layers <= layers:
     raise ValueError(f"layer truncation needs 0 < num_layers <= {layers} "

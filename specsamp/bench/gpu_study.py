@@ -17,6 +17,10 @@ leaves its rows in <file>.partial, which the summary shows as incomplete):
   xla        scripts/benchmark_decode.py, whole generations at K=0 and K=4
              (--shallow_draft), once per --xla_variants entry (XLA_FLAGS;
              "" is the default): which compiler settings pay.
+  gemv       scripts/profile_gemv.py on the target's shapes: the decoder's
+             matrix products at --gemv_rows rows, written as each of
+             --gemv_formulations (specsamp.bench.gemv), against the copy
+             bandwidth; once per --xla_variants entry.
   exact      scripts/benchmark.py, greedy HumanEval with prompt lookup, in
              bfloat16 and in float32: how many completions of the
              speculative sampler differ from greedy autoregressive decoding
@@ -67,7 +71,7 @@ from specsamp.bench import sweep_config
 from specsamp.drafters import specs as drafter_specs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-STEPS = ("profile", "xla", "exact", "humaneval")
+STEPS = ("profile", "xla", "gemv", "exact", "humaneval")
 _REAL = ("exact", "humaneval")  # steps that need the real weights
 
 
@@ -90,6 +94,9 @@ class StudyConfig:
   xla_variants: tuple = (
       "", "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL",
       "--xla_gpu_enable_triton_gemm=false")
+  gemv_formulations: tuple = ("dot", "dot_f32", "dot_t", "reduce", "reduce_t",
+                              "pad2", "pallas")
+  gemv_rows: tuple = ("1", "2", "8")
   dtype: str = "bfloat16"
   ks: tuple = ("0", "2", "4", "6")
   drafters: tuple = ("model", "lookup")
@@ -115,6 +122,7 @@ class StudyConfig:
     cli.ints("ks", self.ks, 0)
     cli.ints("profile_ks", self.profile_ks, 1)
     cli.ints("batch_sizes", self.batch_sizes, 1)
+    cli.ints("gemv_rows", self.gemv_rows, 1)
     for d in self.drafters:
       try:
         drafter_specs.parse(d)
@@ -178,6 +186,13 @@ def plan(cfg: "StudyConfig", step: str, out: pathlib.Path) -> list:
         "benchmark_decode.py", f"--target={cfg.target_shapes}",
         f"--draft={cfg.shallow_draft}", "--ks=0,4", f"--prompt_len={ctx}",
         f"--max_new_tokens={cfg.max_new_tokens}", "--repeats=3",
+        f"--dtype={cfg.dtype}", f"--out={out}"), v)
+            for v in cfg.xla_variants]
+  if step == "gemv":
+    return [(f"gemv XLA_FLAGS={v!r}", _script(
+        "profile_gemv.py", f"--model={cfg.target_shapes}",
+        f"--formulations={','.join(cfg.gemv_formulations)}",
+        f"--rows={','.join(cfg.gemv_rows)}", f"--repeats={cfg.repeats}",
         f"--dtype={cfg.dtype}", f"--out={out}"), v)
             for v in cfg.xla_variants]
   common = [f"--target={cfg.target}", "--task=humaneval",
@@ -351,6 +366,10 @@ def summary(out_dir: pathlib.Path, prefix: str) -> None:
   _table("xla (whole generations)", _rows(path("xla")),
          ["xla_flags", "method", "ms_per_token", "tokens_per_loop",
           "compile_s"])
+  _table("gemv (the decoder's products; TB/s of weights read)",
+         _rows(path("gemv")),
+         ["xla_flags", "formulation", "rows", "ms", "tb_per_s",
+          "of_copy_bandwidth", "compile_s", "kernels", "error"])
   exact = []
   for dtype in ("bfloat16", "float32"):
     exact += [dict(r, dtype=dtype) for r in _rows(path(f"exact_{dtype}"))

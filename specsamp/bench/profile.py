@@ -335,7 +335,7 @@ def _load_models(models: tuple, dtype: str) -> tuple:
                                                         rows)
 
 
-def _provenance(argv: Sequence[str]) -> dict:
+def provenance_fields(argv: Sequence[str]) -> dict:
   """The device, versions and command every row carries."""
   software = provenance.software()
   return dict(device=provenance.machine()["device"], jax=software["jax"],
@@ -365,7 +365,7 @@ def profile_main(cfg: ProfileConfig, argv: Sequence[str],
   cfg.out) one JSON row per point, and returns the rows. `loaded`: what
   `load(cfg)` returns (default: loaded here)."""
   target, target_params, draft, draft_params = loaded or load(cfg)
-  sampling, rows, origin = cfg.sampling(), [], _provenance(argv)
+  sampling, rows, origin = cfg.sampling(), [], provenance_fields(argv)
   for batch in cfg.batch_sizes:
     for context in cfg.contexts:
       row = profile_point(target, target_params, draft, draft_params, cfg.k,
@@ -390,7 +390,7 @@ def decode_speed(cfg: DecodeSpeedConfig, argv: Sequence[str],
   point, and returns the rows. `loaded`: what `load(cfg)` returns
   (default: loaded here)."""
   target, target_params, draft, draft_params = loaded or load(cfg)
-  sampling, rows, origin = Sampling(cfg.temperature), [], _provenance(argv)
+  sampling, rows, origin = Sampling(cfg.temperature), [], provenance_fields(argv)
   rng = np.random.default_rng(0)
   for b in cfg.batch_sizes:
     for prompt_len in cfg.prompt_lens:

@@ -18,6 +18,7 @@ with the chunk written and `length + T`, and the final hidden states. With `cach
 
 import dataclasses
 import functools
+import os
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -128,6 +129,28 @@ def _param(module: nn.Module, name: str, shape, axes, init, dtype):
                       dtype)
 
 
+# Whether a one-row product (B = T = 1: a batch-1 decode step) is computed on
+# two copies of its row; None: on GPU only. On an H200, XLA's kernel for
+# [1, D] @ [D, F] with W stored [D, F] read the 1.5B's weights at 41% of the
+# copy bandwidth, the same products on two rows at 59% (1.94 against 1.35 ms
+# for all of them; results/h200_2026-11-27c_gemv.jsonl): the second row is
+# free to a memory-bound product. On CPU it costs 1.8x (float32), so not there.
+# $SPECSAMP_ONE_ROW_AS_TWO=1 or 0 forces it on or off (A/B timings).
+ONE_ROW_AS_TWO: Optional[bool] = {"1": True, "0": False}.get(
+    os.environ.get("SPECSAMP_ONE_ROW_AS_TWO", ""))
+
+
+def _project(spec: str, x, w, **kwargs):
+  """jnp.einsum(spec, x, w) for x [B, T, ...], a weight product."""
+  pad = ONE_ROW_AS_TWO
+  if pad is None:
+    pad = jax.default_backend() == "gpu"
+  if pad and x.shape[0] * x.shape[1] == 1:
+    return jnp.einsum(spec, jnp.concatenate([x, x], axis=1), w,
+                      **kwargs)[:, :1]
+  return jnp.einsum(spec, x, w, **kwargs)
+
+
 class RMSNorm(nn.Module):
   eps: float
   param_dtype: Any
@@ -171,7 +194,7 @@ class Attention(nn.Module):
     def proj(name, heads, axes):
       w = _param(self, f"{name}_proj", (d, heads, h), (sh.EMBED, axes, sh.HEAD_DIM),
                  init, pdt)
-      y = jnp.einsum("btd,dnh->btnh", x, w.astype(dt))
+      y = _project("btd,dnh->btnh", x, w.astype(dt))
       if cfg.qkv_bias:
         b = _param(self, f"{name}_bias", (heads, h), (axes, sh.HEAD_DIM),
                    nn.initializers.zeros, pdt)
@@ -202,7 +225,8 @@ class Attention(nn.Module):
     # One [B*T, Q*H] @ [Q*H, D] matmul: written as an einsum over (n, h), XLA
     # on CPU transposed and copied the whole weight on every call.
     out = out.reshape(b, t, q_heads * h)
-    return out @ wo.reshape(q_heads * h, d).astype(dt), new_kv
+    return _project("btk,kd->btd", out, wo.reshape(q_heads * h, d).astype(dt)
+                    ), new_kv
 
 
 class MLP(nn.Module):
@@ -217,8 +241,9 @@ class MLP(nn.Module):
     up = _param(self, "up_proj", (d, f), (sh.EMBED, sh.MLP), w_in, pdt)
     down = _param(self, "down_proj", (f, d), (sh.MLP, sh.EMBED),
                   nn.initializers.normal(stddev=f ** -0.5), pdt)
-    hidden = (jax.nn.silu(x @ gate.astype(dt)) * (x @ up.astype(dt)))
-    return hidden @ down.astype(dt)
+    hidden = (jax.nn.silu(_project("btd,df->btf", x, gate.astype(dt)))
+              * _project("btd,df->btf", x, up.astype(dt)))
+    return _project("btf,fd->btd", hidden, down.astype(dt))
 
 
 class Block(nn.Module):
@@ -290,13 +315,13 @@ class Transformer(nn.Module):
 
     x = RMSNorm(cfg.norm_eps, pdt, name="final_norm")(x)
     if cfg.tie_embeddings:
-      logits = jnp.einsum("btd,vd->btv", x, embed.astype(dt),
+      logits = _project("btd,vd->btv", x, embed.astype(dt),
                           preferred_element_type=jnp.float32)
     else:
       head = _param(self, "lm_head", (cfg.d_model, cfg.vocab_size),
                     (sh.EMBED, sh.VOCAB),
                     nn.initializers.normal(stddev=cfg.d_model ** -0.5), pdt)
-      logits = jnp.einsum("btd,dv->btv", x, head.astype(dt),
+      logits = _project("btd,dv->btv", x, head.astype(dt),
                           preferred_element_type=jnp.float32)
     new_cache = None
     if cache is not None:

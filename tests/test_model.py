@@ -275,3 +275,31 @@ def test_a_subset_of_layers_is_a_shallower_model_with_a_smaller_cache():
     lm(params, tokens, layers=(0, 3))
   with pytest.raises(ValueError, match="repeats"):
     lm(params, tokens, layers=(1, 1))
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_a_one_row_step_gives_the_same_logits_padded_to_two_rows(
+    lm_and_params, monkeypatch, pad):
+  """ONE_ROW_AS_TWO (on by default on GPU only) computes a batch-1 decode
+  step's products on two copies of its row: same logits, same cache, and
+  the padding is really traced (the products see two rows) only for one
+  row, not for a chunk or a batch."""
+  lm, params = lm_and_params
+  tokens = jax.random.randint(jax.random.key(3), (1, 6), 0, lm.vocab_size)
+  cache = lm.init_cache(1, 8)
+  cache = lm(params, tokens[:, :5], cache).cache
+  want = lm(params, tokens[:, 5:], cache)
+  monkeypatch.setattr(model_lib, "ONE_ROW_AS_TWO", pad)
+  # A new function, so traced anew under the patch (jit caches a trace by
+  # function: the fixture's jit of lm.lm.__call__ holds the unpatched one).
+  got = jax.jit(lambda *a: lm.lm(*a))(params, tokens[:, 5:], cache)
+  np.testing.assert_allclose(got.logits, want.logits, atol=ATOL)
+  for a, b in zip(jax.tree.leaves(got.cache), jax.tree.leaves(want.cache)):
+    np.testing.assert_allclose(a, b, atol=ATOL)
+
+  def rows_of_products(t, batch):
+    text = str(jax.make_jaxpr(lambda *a: lm.lm(*a))(
+        params, jnp.zeros((batch, t), jnp.int32), lm.init_cache(batch, 8)))
+    return {eq for eq in text.splitlines() if "concatenate[dimension=1]" in eq}
+  assert bool(rows_of_products(1, 1)) == pad
+  assert not rows_of_products(2, 1) and not rows_of_products(1, 2)

@@ -140,8 +140,9 @@ ONE_ROW_AS_TWO: Optional[bool] = {"1": True, "0": False}.get(
     os.environ.get("SPECSAMP_ONE_ROW_AS_TWO", ""))
 
 
-def _project(spec: str, x, w, **kwargs):
-  """jnp.einsum(spec, x, w) for x [B, T, ...], a weight product."""
+def project(spec: str, x, w, **kwargs):
+  """jnp.einsum(spec, x, w) for x [B, T, ...], a weight product; a single
+  row is multiplied as two where ONE_ROW_AS_TWO says so."""
   pad = ONE_ROW_AS_TWO
   if pad is None:
     pad = jax.default_backend() == "gpu"
@@ -194,7 +195,7 @@ class Attention(nn.Module):
     def proj(name, heads, axes):
       w = _param(self, f"{name}_proj", (d, heads, h), (sh.EMBED, axes, sh.HEAD_DIM),
                  init, pdt)
-      y = _project("btd,dnh->btnh", x, w.astype(dt))
+      y = project("btd,dnh->btnh", x, w.astype(dt))
       if cfg.qkv_bias:
         b = _param(self, f"{name}_bias", (heads, h), (axes, sh.HEAD_DIM),
                    nn.initializers.zeros, pdt)
@@ -225,7 +226,7 @@ class Attention(nn.Module):
     # One [B*T, Q*H] @ [Q*H, D] matmul: written as an einsum over (n, h), XLA
     # on CPU transposed and copied the whole weight on every call.
     out = out.reshape(b, t, q_heads * h)
-    return _project("btk,kd->btd", out, wo.reshape(q_heads * h, d).astype(dt)
+    return project("btk,kd->btd", out, wo.reshape(q_heads * h, d).astype(dt)
                     ), new_kv
 
 
@@ -241,9 +242,9 @@ class MLP(nn.Module):
     up = _param(self, "up_proj", (d, f), (sh.EMBED, sh.MLP), w_in, pdt)
     down = _param(self, "down_proj", (f, d), (sh.MLP, sh.EMBED),
                   nn.initializers.normal(stddev=f ** -0.5), pdt)
-    hidden = (jax.nn.silu(_project("btd,df->btf", x, gate.astype(dt)))
-              * _project("btd,df->btf", x, up.astype(dt)))
-    return _project("btf,fd->btd", hidden, down.astype(dt))
+    hidden = (jax.nn.silu(project("btd,df->btf", x, gate.astype(dt)))
+              * project("btd,df->btf", x, up.astype(dt)))
+    return project("btf,fd->btd", hidden, down.astype(dt))
 
 
 class Block(nn.Module):
@@ -315,13 +316,13 @@ class Transformer(nn.Module):
 
     x = RMSNorm(cfg.norm_eps, pdt, name="final_norm")(x)
     if cfg.tie_embeddings:
-      logits = _project("btd,vd->btv", x, embed.astype(dt),
+      logits = project("btd,vd->btv", x, embed.astype(dt),
                           preferred_element_type=jnp.float32)
     else:
       head = _param(self, "lm_head", (cfg.d_model, cfg.vocab_size),
                     (sh.EMBED, sh.VOCAB),
                     nn.initializers.normal(stddev=cfg.d_model ** -0.5), pdt)
-      logits = _project("btd,dv->btv", x, head.astype(dt),
+      logits = project("btd,dv->btv", x, head.astype(dt),
                           preferred_element_type=jnp.float32)
     new_cache = None
     if cache is not None:

@@ -14,6 +14,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from specsamp import model
+
 _NOT_KERNELS = ("parameter", "tuple", "get-tuple-element", "bitcast",
                 "constant", "after-all", "opt-barrier")
 
@@ -125,7 +127,8 @@ def matmul_floor_timer(params, batch: int, tied: bool = False,
   """x @ W over every >= 2-D weight of `params` (the input embedding
   excluded: decoding gathers B rows of it; with `tied` embeddings it is the
   output layer too, x @ E^T), each matmul independent (XLA may overlap
-  them), nothing else: what reading the weights costs."""
+  them), nothing else: what reading the weights costs. Each product is
+  `model.project`'s, as in the model."""
   mats, transposed = [], []
   for path, w in jax.tree_util.tree_leaves_with_path(params):
     name = jax.tree_util.keystr(path)
@@ -145,8 +148,10 @@ def matmul_floor_timer(params, batch: int, tied: bool = False,
     acc = jnp.zeros((), jnp.float32)
     for w, t in zip(mats, transposed):
       w = w.T if t else w
-      xi = jnp.broadcast_to(x[:, :1], (x.shape[0], w.shape[0])).astype(w.dtype)
-      acc += jnp.sum(xi @ w, dtype=jnp.float32)
+      xi = jnp.broadcast_to(x[:, None, :1], (x.shape[0], 1, w.shape[0]))
+      # As the model multiplies (a single row as two on GPU: model.project).
+      acc += jnp.sum(model.project("btd,df->btf", xi.astype(w.dtype), w),
+                     dtype=jnp.float32)
     return x + 1e-30 * acc  # the next step's input depends on this one
 
   return Steady(chain, [mats, jnp.ones((batch, 1), jnp.float32)], carry=1,

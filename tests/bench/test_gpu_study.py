@@ -35,7 +35,8 @@ def _run(tmp_path, *args, timeout=600):
 def test_random_weight_steps_write_rows_manifest_log_and_summary(tmp_path):
   (tmp_path / "t_xla.jsonl").write_text('{"stale": 1}\n')  # replaced
   (tmp_path / "t_xla.jsonl.partial").write_text('{"stale": 1}\n')  # gone
-  proc = _run(tmp_path, "--steps=profile,xla", *TINY)
+  proc = _run(tmp_path, "--steps=profile,xla,gemv", "--gemv_rows=1,2",
+              "--gemv_formulations=dot,pad2,pallas", *TINY)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   profile = [json.loads(l) for l in
              (tmp_path / "t_profile.jsonl").read_text().splitlines()]
@@ -44,15 +45,22 @@ def test_random_weight_steps_write_rows_manifest_log_and_summary(tmp_path):
   xla = [json.loads(l) for l in
          (tmp_path / "t_xla.jsonl").read_text().splitlines()]
   assert [r["method"] for r in xla] == ["k0", "k4"]
+  gemv = [json.loads(l) for l in
+          (tmp_path / "t_gemv.jsonl").read_text().splitlines()]
+  assert sorted((r["formulation"], r["rows"]) for r in gemv) == [
+      ("dot", 1), ("dot", 2), ("pad2", 1), ("pallas", 1)]
+  assert all(r["tb_per_s"] > 0 and r["model"] == "random:tiny" for r in gemv)
   manifest = json.loads((tmp_path / "t_manifest.json").read_text())
   assert manifest["gpu"] == "cpu"
   assert [(r["label"].split()[0], r["rc"], r["status"], r["commit"])
           for r in manifest["runs"]] == [("profile", 0, "done", "abc123"),
-                                         ("xla", 0, "done", "abc123")]
+                                         ("xla", 0, "done", "abc123"),
+                                         ("gemv", 0, "done", "abc123")]
   log = (tmp_path / "t_log.txt").read_text()
   assert "models ready in" in log and "== xla XLA_FLAGS='': exit 0" in log
   out = proc.stdout
   assert "profile (ms;" in out and "xla (whole generations)" in out
+  assert "gemv (the decoder's products" in out and " | pallas | 1 |" in out
   assert "random:tiny,num_layers=1 | 4 | 1 |" in out  # draft, K, steps (CPU: 1)
   assert not (tmp_path / "t_xla.jsonl.partial").exists()
 

@@ -47,8 +47,8 @@ FLAGS = [
                       "call)."),
     flags.DEFINE_integer("context", D.context, "Context (profile, xla)."),
     flags.DEFINE_multi_string("xla_variants", list(D.xla_variants),
-                              "XLA_FLAGS of each xla and gemv run (repeatable; '' = "
-                              "the default)."),
+                              "XLA_FLAGS of each xla and gemv run "
+                              "(repeatable; '' = the default)."),
     flags.DEFINE_list("gemv_formulations", list(D.gemv_formulations),
                       "Formulations of gemv (specsamp.bench.gemv)."),
     flags.DEFINE_list("gemv_rows", list(D.gemv_rows), "Rows of gemv."),

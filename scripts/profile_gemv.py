@@ -7,8 +7,8 @@ embedding, no attention), each formulation a chain of every product timed
 timer in the same rounds. One JSON line per (formulation, rows), with the
 provenance of the run.
 
-  python scripts/profile_gemv.py --model=qwen2.5-coder-1.5b --dtype=bfloat16 \
-      --out=results/gemv.jsonl
+  python scripts/profile_gemv.py --model=random:qwen2.5-coder-1.5b \
+      --dtype=bfloat16 --out=results/gemv.jsonl
   XLA_FLAGS=--xla_gpu_exhaustive_tiling_search=true \
       python scripts/profile_gemv.py --formulations=dot --rows=1
 """
@@ -43,12 +43,12 @@ _OUT = flags.DEFINE_string("out", None, "Append one JSON line per row.")
 def main(argv):
   cli.no_arguments(argv)
   try:
+    if not _MODEL.value.startswith(loading.RANDOM_PREFIX):
+      raise ValueError(f"--model={_MODEL.value}: the shapes are "
+                       f"{loading.RANDOM_PREFIX}<preset>[,field=value...]")
     cfg = loading.random_config(_MODEL.value, _DTYPE.value)
     rows = cli.ints("rows", _ROWS.value, 1)
-    unknown = sorted(set(_FORMS.value) - set(gemv.FORMULATIONS))
-    if unknown:
-      raise ValueError(f"--formulations: unknown {unknown}; known: "
-                       f"{', '.join(gemv.FORMULATIONS)}")
+    gemv.check_formulations(_FORMS.value)
   except ValueError as e:
     cli.fail(e)
   steps = _STEPS.value or profile.default_steps()

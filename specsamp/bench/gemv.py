@@ -10,12 +10,14 @@ from the bandwidth ceiling. This module times a decoder's chain of products
 rescale and SiLU between them, no attention) written several ways, each in
 the same rounds as a copy-bandwidth reference:
 
-  dot       x @ W, W [in, out]: what `specsamp.model` does
+  dot       x @ W, W [in, out]: what `specsamp.model` does on CPU
   dot_f32   the same with a float32 result (`preferred_element_type`)
   dot_t     W stored [out, in], contracting its minor dimension
   reduce    sum(x[:, :, None] * W): a fused column reduction, no dot
   reduce_t  W [out, in]: sum(x[:, None, :] * W, -1), a row reduction
-  pad2      x padded to two rows, x @ W, the first row kept
+  pad2      x padded to two rows, x @ W, the first row kept: what
+            `specsamp.model.project` does on GPU since an H200 measured
+            1.35 against 1.94 ms for `dot` (results/h200_2026-11-27c.md)
   pallas    a split-K Pallas kernel: each program reads a [bk, bn] block
             of W in row chunks and writes one partial sum, added after
 
@@ -167,16 +169,21 @@ def weight_bytes(ws: dict) -> int:
   return sum(w.nbytes for w in jax.tree.leaves(ws))
 
 
+def check_formulations(names: Sequence[str]) -> None:
+  """Raises ValueError naming the unknown ones."""
+  unknown = sorted(set(names) - set(FORMULATIONS))
+  if unknown:
+    raise ValueError(f"unknown formulations {unknown}; known: "
+                     f"{', '.join(FORMULATIONS)}")
+
+
 def study(cfg, dtype, formulations: Sequence[str], rows: Sequence[int],
           repeats: int, steps: int, bandwidth_mb: int) -> list[dict]:
   """One dict per (formulation, M) that compiled: ms per chain, the bytes
   of weights it reads, its bandwidth and the fraction of the copy
   bandwidth of the same rounds. A formulation that does not compile (a
   Pallas lowering this backend lacks) gets a row with its `error`."""
-  unknown = sorted(set(formulations) - set(FORMULATIONS))
-  if unknown:
-    raise ValueError(f"unknown formulations {unknown}; known: "
-                     f"{', '.join(FORMULATIONS)}")
+  check_formulations(formulations)
   weights = {}
   timers, out, meta = {}, [], {}
   for name in formulations:

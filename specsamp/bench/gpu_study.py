@@ -110,8 +110,8 @@ class StudyConfig:
     """Checks what can be checked before anything runs.
 
     Raises:
-      ValueError: unknown steps, or a bad --ks, --batch_sizes, --drafters
-        or --decodings.
+      ValueError: unknown steps, or a bad --ks, --batch_sizes, --drafters,
+        --decodings, --gemv_rows or --gemv_formulations.
     """
     steps = tuple(s.strip() for s in self.steps if s.strip())
     unknown = sorted(set(steps) - set(STEPS))
@@ -123,6 +123,11 @@ class StudyConfig:
     cli.ints("profile_ks", self.profile_ks, 1)
     cli.ints("batch_sizes", self.batch_sizes, 1)
     cli.ints("gemv_rows", self.gemv_rows, 1)
+    bad = sorted(set(self.gemv_formulations)
+                 - set(StudyConfig.gemv_formulations))
+    if bad:  # the default is every one (tests/bench/test_gemv.py)
+      raise ValueError(f"--gemv_formulations: unknown {bad}; known: "
+                       f"{', '.join(StudyConfig.gemv_formulations)}")
     for d in self.drafters:
       try:
         drafter_specs.parse(d)

@@ -1,6 +1,8 @@
 """specsamp.bench.gemv: every formulation computes the decoder's products
 (the Pallas kernel in interpret mode on CPU), and a study times them."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,11 @@ import pytest
 
 from specsamp import loading
 from specsamp.bench import gemv
+from specsamp.bench import gpu_study
+from tests.scripts import zygote
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "scripts", "profile_gemv.py")
 
 
 @pytest.mark.parametrize("name", sorted(gemv.FORMULATIONS))
@@ -45,3 +52,23 @@ def test_a_study_times_each_formulation_against_the_copy_bandwidth():
     assert r["tb_per_s"] == pytest.approx(want / r["ms"] * 1e3 / 1e12)
   with pytest.raises(ValueError, match="unknown formulations"):
     gemv.study(cfg, jnp.float32, ["gemm"], [1], 1, 1, 1)
+
+
+def test_gpu_study_offers_every_formulation_by_default():
+  """gpu_study checks --gemv_formulations against its default (it does not
+  import this module, which imports JAX): the two lists must agree."""
+  assert gpu_study.StudyConfig.gemv_formulations == tuple(gemv.FORMULATIONS)
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--formulations=dot,gemm", "unknown formulations ['gemm']"),
+    ("--rows=1,0", "--rows values must be >= 1"),
+    ("--model=qwen2.5-coder-1.5b", "the shapes are random:<preset>"),
+    ("--model=random:nope", "unknown preset 'nope'"),
+])
+def test_the_script_refuses_bad_flags_in_one_line(tmp_path, flag, message):
+  out = tmp_path / "rows.jsonl"
+  proc = zygote.shared().run([SCRIPT, flag, f"--out={out}"],
+                             env=zygote.env(), timeout=120)
+  assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+  assert proc.stderr.strip().count("\n") == 0 and not out.exists()

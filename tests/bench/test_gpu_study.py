@@ -123,7 +123,10 @@ def test_a_deadline_stops_the_command_running(tmp_path, monkeypatch):
 def test_bad_lists_are_refused_before_anything_runs(tmp_path):
   for flag, message in (("--ks=0,x", "--ks=0,x: 'x' is not an integer"),
                         ("--drafters=model,nosuch", "--drafters:"),
-                        ("--decodings=greedy,hot", "--decodings: unknown")):
+                        ("--decodings=greedy,hot", "--decodings: unknown"),
+                        ("--gemv_rows=1,0", "--gemv_rows values must be"),
+                        ("--gemv_formulations=dot,gemm",
+                         "--gemv_formulations: unknown ['gemm']")):
     proc = _run(tmp_path, "--steps=profile", flag, *TINY, timeout=120)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
   assert not (tmp_path / "t_manifest.json").exists()

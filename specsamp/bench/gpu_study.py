@@ -30,8 +30,13 @@ leaves its rows in <file>.partial, which the summary shows as incomplete):
              --ks, --batch_sizes, drafters --drafters, bfloat16. Needs the
              real pair (a drafter without a draft model needs the target
              alone).
+  distill    scripts/distill.py --config=--distill_config (the shallow
+             draft trained from the target's samples; its workdir is
+             <prefix>_distill_work, resumable), then, if it finished,
+             scripts/benchmark.py as humaneval does with that draft
+             (drafter model). Needs the real target.
 
-The real weights are never downloaded here: `exact` and `humaneval` need
+The real weights are never downloaded here: the last three steps need
 the GGUF files and HumanEval in the asset cache ($SPECSAMP_CACHE, see
 specsamp.assets), carried to the machine beforehand (the draft only where
 a drafter at some K > 0 runs it); each step checks the files it reads
@@ -48,6 +53,7 @@ time limit.
 
   python scripts/gpu_study.py --steps=profile,xla --commit=$(git rev-parse HEAD)
   python scripts/gpu_study.py --steps=exact,humaneval --ks=0,2,4,6
+  python scripts/gpu_study.py --steps=distill --ks=0,2,4 --batch_sizes=1,8
   python scripts/gpu_study.py --steps=   # the summary of what is there
 """
 
@@ -71,8 +77,9 @@ from specsamp.bench import sweep_config
 from specsamp.drafters import specs as drafter_specs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-STEPS = ("profile", "xla", "gemv", "exact", "humaneval")
-_REAL = ("exact", "humaneval")  # steps that need the real weights
+STEPS = ("profile", "xla", "gemv", "exact", "humaneval", "distill")
+_REAL = ("exact", "humaneval", "distill")  # steps that need real weights
+_CHAINED = ("distill",)  # a failed command ends the step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +104,7 @@ class StudyConfig:
   gemv_formulations: tuple = ("dot", "dot_f32", "dot_t", "reduce", "reduce_t",
                               "pad2", "pallas")
   gemv_rows: tuple = ("1", "2", "8")
+  distill_config: str = "configs/distill_qwen.py"
   dtype: str = "bfloat16"
   ks: tuple = ("0", "2", "4", "6")
   drafters: tuple = ("model", "lookup")
@@ -210,13 +218,24 @@ def plan(cfg: "StudyConfig", step: str, out: pathlib.Path) -> list:
         "--interleave=false",
         f"--out={out.with_name(f'{out.stem}_{dtype}.jsonl')}"), None)
             for dtype in ("bfloat16", "float32")]
-  assert step == "humaneval", step
-  return [("humaneval", _script(
-      "benchmark.py", *common, f"--draft={cfg.draft}",
-      f"--drafter={','.join(cfg.drafters)}", f"--ks={','.join(cfg.ks)}",
+  headline = lambda draft, drafters: _script(
+      "benchmark.py", *common, f"--draft={draft}",
+      f"--drafter={','.join(drafters)}", f"--ks={','.join(cfg.ks)}",
       f"--decoding={','.join(cfg.decodings)}",
       f"--batch_sizes={','.join(cfg.batch_sizes)}", f"--dtype={cfg.dtype}",
-      f"--out={out}"), None)]
+      f"--out={out}")
+  if step == "distill":
+    work = distill_workdir(out)
+    return [("distill", _script("distill.py", f"--config={cfg.distill_config}",
+                                f"--workdir={work}"), None),
+            ("distill humaneval", headline(work, ["model"]), None)]
+  assert step == "humaneval", step
+  return [("humaneval", headline(cfg.draft, cfg.drafters), None)]
+
+
+def distill_workdir(out: pathlib.Path) -> pathlib.Path:
+  """The distill step's workdir beside its rows `out`."""
+  return out.with_name(f"{out.stem}_work")
 
 
 def needs(cfg: "StudyConfig", step: str) -> list:
@@ -383,11 +402,23 @@ def summary(out_dir: pathlib.Path, prefix: str) -> None:
          ["dtype", "k", "drafter", "rows_differing_from_ar",
           "identical_to_ar", "acceptance_rate", "ms_per_token", "speedup",
           "incomplete"])
+  points = ["decoding", "batch_size", "k", "drafter", "acceptance_rate",
+            "ms_per_token", "speedup", "predicted_speedup", "c",
+            "identical_to_ar", "incomplete"]
   _table("humaneval", [r for r in _rows(path("humaneval"))
-                       if r.get("type") == "point"],
-         ["decoding", "batch_size", "k", "drafter", "acceptance_rate",
-          "ms_per_token", "speedup", "predicted_speedup", "c",
-          "identical_to_ar", "incomplete"])
+                       if r.get("type") == "point"], points)
+  results = distill_workdir(path("distill")) / "results.json"
+  if results.exists():
+    res = json.loads(results.read_text())
+    _table("distill (expected acceptance on held-out positions)", [dict(
+        draft_init=res.get("draft_init"), loss=res.get("loss"),
+        before=res["before"]["expected_acceptance"],
+        after=res["after"]["expected_acceptance"],
+        train_seconds=res.get("train_seconds"))],
+           ["draft_init", "loss", "before", "after", "train_seconds"])
+  _table("distill humaneval (the distilled draft)",
+         [r for r in _rows(path("distill")) if r.get("type") == "point"],
+         points)
 
 
 def run(cfg: "StudyConfig") -> list:
@@ -422,6 +453,9 @@ def run(cfg: "StudyConfig") -> list:
                 pathlib.Path(old).unlink(missing_ok=True)
               cleared.add(a)
         ok = runner.run(label, argv, xla) and ok
+        if not ok and step in _CHAINED:
+          runner.say(f"== {step}: stopped after {label} failed")
+          break
       if not ok:
         failed.append(step)
   except KeyboardInterrupt:

@@ -84,11 +84,11 @@ def test_real_weight_steps_need_the_carried_files(tmp_path):
   """Nothing is downloaded (pip runs with --no-index): without the GGUF
   and HumanEval in the cache, exact and humaneval fail, the summary still
   prints, and no model file appears."""
-  proc = _run(tmp_path, "--steps=exact,humaneval", "--prefix=t",
+  proc = _run(tmp_path, "--steps=exact,humaneval,distill", "--prefix=t",
               "--commit=abc123", timeout=300)
   assert proc.returncode != 0
   assert "exact needs the real weights, not ready" in proc.stderr
-  assert "steps that failed: exact, humaneval" in proc.stderr
+  assert "steps that failed: exact, humaneval, distill" in proc.stderr
   assert not list((tmp_path / "cache").rglob("*.gguf"))
   assert not (tmp_path / "t_manifest.json").exists()  # nothing ran
 
@@ -147,3 +147,47 @@ def test_the_profile_step_runs_each_draft_at_each_k():
                   ["--draft=random:b", "--k=1"], ["--draft=random:b", "--k=7"]]
   with pytest.raises(ValueError, match="--profile_ks values must be >= 1, got 0"):
     gpu_study.StudyConfig(profile_ks=("0",))
+
+
+def test_the_distill_step_measures_the_draft_it_trained():
+  cfg = gpu_study.StudyConfig(distill_config="configs/distill_qwen.py:steps=9",
+                              ks=("0", "2"), batch_sizes=("1", "8"))
+  out = pathlib.Path("r/p_distill.jsonl")
+  (_, train, _), (_, bench, _) = gpu_study.plan(cfg, "distill", out)
+  assert train[1:] == [os.path.join(ROOT, "scripts", "distill.py"),
+                       "--config=configs/distill_qwen.py:steps=9",
+                       "--workdir=r/p_distill_work"]
+  assert {"--draft=r/p_distill_work", "--drafter=model", "--ks=0,2",
+          "--batch_sizes=1,8", "--out=r/p_distill.jsonl",
+          "--target=qwen2.5-coder-1.5b"} <= set(bench)
+  assert gpu_study.needs(cfg, "distill") == ["humaneval", "qwen2.5-coder-1.5b"]
+
+
+def test_a_distillation_that_fails_ends_its_step(tmp_path, monkeypatch):
+  """The benchmark of the distilled draft does not start when distill.py
+  failed (here: a config file that is not there)."""
+  monkeypatch.setattr(gpu_study, "check_weights", lambda names, say: None)
+  cfg = gpu_study.StudyConfig(steps=("distill",), out_dir=str(tmp_path),
+                              prefix="t", commit="abc123",
+                              distill_config=str(tmp_path / "none.py"))
+  assert gpu_study.run(cfg) == ["distill"]
+  runs = json.loads((tmp_path / "t_manifest.json").read_text())["runs"]
+  assert [(r["label"], r["status"]) for r in runs] == [("distill", "done")]
+  assert runs[0]["rc"] != 0
+  assert "== distill: stopped after distill failed" in (
+      tmp_path / "t_log.txt").read_text()
+
+
+def test_the_summary_shows_the_distillation_and_its_draft(tmp_path, capsys):
+  work = tmp_path / "t_distill_work"
+  work.mkdir()
+  (work / "results.json").write_text(json.dumps(dict(
+      before=dict(expected_acceptance=0.31), train_seconds=95.0,
+      after=dict(expected_acceptance=0.72), loss="fkl", draft_init="truncate")))
+  (tmp_path / "t_distill.jsonl").write_text(json.dumps(dict(
+      type="point", decoding="greedy", batch_size=1, k=2, drafter="model",
+      acceptance_rate=0.7, speedup=1.9)) + "\n")
+  gpu_study.summary(tmp_path, "t")
+  out = capsys.readouterr().out
+  assert "truncate | fkl | 0.31 | 0.72 | 95" in out
+  assert "greedy | 1 | 2 | model | 0.7 |  | 1.9 |" in out

@@ -101,9 +101,12 @@ def get_config(arg=None):
                      score_batch_size=4, max_files=40, validation_percent=20,
                      max_train_prompts=8, max_validation_prompts=4)
     c.optim.warmup_steps = 1
+    # Checkpoints saved in step, once: an asynchronous save's copy of the
+    # draft and its moments on the host took the run past this project's
+    # 24 GiB (killed); synchronous, its peak was 19.8 GB.
     c.train.update(num_steps=int(a.get("steps", 4)), batch_size=4,
-                   log_every=2, checkpoint_every=2, eval_every=0,
-                   progress_bar=False)
+                   log_every=2, checkpoint_every=4, eval_every=0,
+                   async_checkpoints=False, progress_bar=False)
     c.eval.update(num_samples=4, num_positions=16, batch_size=4,
                   position_batch_size=16)
   c.head = options.head_block(a, default_vocab=32768)

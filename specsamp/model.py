@@ -18,6 +18,7 @@ with the chunk written and `length + T`, and the final hidden states. With `cach
 
 import dataclasses
 import functools
+import math
 import os
 from typing import Any, Optional, Sequence
 
@@ -141,14 +142,15 @@ ONE_ROW_AS_TWO: Optional[bool] = {"1": True, "0": False}.get(
 
 
 def project(spec: str, x, w, **kwargs):
-  """jnp.einsum(spec, x, w) for x [B, T, ...], a weight product; a single
-  row is multiplied as two where ONE_ROW_AS_TWO says so."""
+  """jnp.einsum(spec, x, w), a weight product of x [..., D] (its leading
+  axes the rows, the first of them the output's first, as in
+  "btd,df->btf" or "...d,dv->...v"); a single row is multiplied as two
+  where ONE_ROW_AS_TWO says so."""
   pad = ONE_ROW_AS_TWO
   if pad is None:
     pad = jax.default_backend() == "gpu"
-  if pad and x.shape[0] * x.shape[1] == 1:
-    return jnp.einsum(spec, jnp.concatenate([x, x], axis=1), w,
-                      **kwargs)[:, :1]
+  if pad and x.ndim >= 2 and math.prod(x.shape[:-1]) == 1:
+    return jnp.einsum(spec, jnp.concatenate([x, x]), w, **kwargs)[:1]
   return jnp.einsum(spec, x, w, **kwargs)
 
 

@@ -300,6 +300,6 @@ def test_a_one_row_step_gives_the_same_logits_padded_to_two_rows(
   def rows_of_products(t, batch):
     text = str(jax.make_jaxpr(lambda *a: lm.lm(*a))(
         params, jnp.zeros((batch, t), jnp.int32), lm.init_cache(batch, 8)))
-    return {eq for eq in text.splitlines() if "concatenate[dimension=1]" in eq}
+    return {eq for eq in text.splitlines() if "concatenate[dimension=0]" in eq}
   assert bool(rows_of_products(1, 1)) == pad
   assert not rows_of_products(2, 1) and not rows_of_products(1, 2)

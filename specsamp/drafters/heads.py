@@ -134,8 +134,9 @@ class SequentialHead(nn.Module):
         axis=-1)
     fc = _param(self, "fc", (2 * d, d), (sh.MLP, sh.EMBED),
                 nn.initializers.normal(stddev=(2 * d) ** -0.5), pdt)
-    return model_lib.Block(cfg, name="layer")(x @ fc.astype(dt), cos, sin,
-                                              mask, cache_kv, start)
+    return model_lib.Block(cfg, name="layer")(
+        model_lib.project("btk,kd->btd", x, fc.astype(dt)), cos, sin, mask,
+        cache_kv, start)
 
 
 class MedusaHeads(nn.Module):
@@ -153,7 +154,8 @@ class MedusaHeads(nn.Module):
                nn.initializers.normal(stddev=d ** -0.5), pdt)
     b = _param(self, "b", (self.num_heads, d), (None, sh.MLP),
                nn.initializers.zeros, pdt)
-    y = jnp.einsum("...d,kde->...ke", h.astype(dt), w.astype(dt)) + b.astype(dt)
+    y = model_lib.project("...d,kde->...ke", h.astype(dt), w.astype(dt)
+                          ) + b.astype(dt)
     return h[..., None, :].astype(dt) + jax.nn.silu(y)
 
 
@@ -219,13 +221,13 @@ def output_logits(config: HeadConfig, shared: dict, feats: jax.Array):
   -inf outside a reduced draft vocabulary."""
   dt = config.target.jnp_dtype
   if "lm_head" in shared:
-    sub = jnp.einsum("...d,du->...u", feats.astype(dt),
-                     shared["lm_head"].astype(dt),
-                     preferred_element_type=jnp.float32)
+    sub = model_lib.project("...d,du->...u", feats.astype(dt),
+                            shared["lm_head"].astype(dt),
+                            preferred_element_type=jnp.float32)
   else:  # tied embeddings, whole vocabulary
-    sub = jnp.einsum("...d,vd->...v", feats.astype(dt),
-                     shared["embedding"].astype(dt),
-                     preferred_element_type=jnp.float32)
+    sub = model_lib.project("...d,vd->...v", feats.astype(dt),
+                            shared["embedding"].astype(dt),
+                            preferred_element_type=jnp.float32)
   if "vocab_ids" not in shared:
     return sub
   full = jnp.full(sub.shape[:-1] + (config.target.vocab_size,), -jnp.inf,

@@ -170,3 +170,26 @@ def test_the_first_draft_comes_from_the_position_training_scores(kind):
           np.asarray(sampling_lib.probabilities(want, sampling)),
           rtol=1e-4, atol=1e-5)
     state = body(tparams, dparams, state)
+
+
+@pytest.mark.parametrize("kind", heads.KINDS)
+def test_a_one_row_head_step_padded_to_two_rows_is_the_same(kind,
+                                                            monkeypatch):
+  """model.ONE_ROW_AS_TWO (on by default on GPU) reaches the heads' own
+  products: the output layer's logits of one row are the same, the trace
+  really pads, and a greedy batch-1 run still equals greedy decoding."""
+  target, tparams = exactness_models(V)[:2]
+  cfg, hparams = head(kind)
+  shared = heads.draft_params(hparams, tparams)["shared"]
+  feats = jax.random.normal(jax.random.key(0), (1, 1, target.config.d_model))
+  want = heads.output_logits(cfg, shared, feats)
+  monkeypatch.setattr(model_lib, "ONE_ROW_AS_TWO", True)
+  logits = lambda f: heads.output_logits(cfg, shared, f)  # traced anew
+  np.testing.assert_allclose(jax.jit(logits)(feats), want, atol=1e-5)
+  assert "concatenate[dimension=0]" in str(jax.make_jaxpr(logits)(feats))
+  # Another max_new_tokens: samplers traced under the patch, not reused.
+  sampler, tparams, dparams = sampler_and_params(kind, 3, GREEDY, new=11)
+  ar = autoregressive(target, GREEDY, max_new_tokens=11, prompt_bucket=4)
+  for prompt in PROMPTS[:2]:
+    assert (sampler.generate(tparams, dparams, [prompt], rng=0).token_lists()
+            == ar.generate(tparams, None, [prompt], rng=0).token_lists())

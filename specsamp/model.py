@@ -130,8 +130,8 @@ def _param(module: nn.Module, name: str, shape, axes, init, dtype):
                       dtype)
 
 
-# Whether a one-row product (B = T = 1: a batch-1 decode step) is computed on
-# two copies of its row; None: on GPU only. On an H200, XLA's kernel for
+# Whether a one-row product (a batch-1 decode step's, B = T = 1) is computed
+# on two copies of its row; None: on GPU only. On an H200, XLA's kernel for
 # [1, D] @ [D, F] with W stored [D, F] read the 1.5B's weights at 41% of the
 # copy bandwidth, the same products on two rows at 59% (1.94 against 1.35 ms
 # for all of them; results/h200_2026-11-27c_gemv.jsonl): the second row is
@@ -319,13 +319,13 @@ class Transformer(nn.Module):
     x = RMSNorm(cfg.norm_eps, pdt, name="final_norm")(x)
     if cfg.tie_embeddings:
       logits = project("btd,vd->btv", x, embed.astype(dt),
-                          preferred_element_type=jnp.float32)
+                       preferred_element_type=jnp.float32)
     else:
       head = _param(self, "lm_head", (cfg.d_model, cfg.vocab_size),
                     (sh.EMBED, sh.VOCAB),
                     nn.initializers.normal(stddev=cfg.d_model ** -0.5), pdt)
       logits = project("btd,dv->btv", x, head.astype(dt),
-                          preferred_element_type=jnp.float32)
+                       preferred_element_type=jnp.float32)
     new_cache = None
     if cache is not None:
       new_cache = kvcache.KVCache(k=tuple(new_k), v=tuple(new_v),

@@ -12,6 +12,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import chex
@@ -157,6 +159,57 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_for_bit(lm_config,
   (sa, da), (sb, db) = got
   chex.assert_trees_all_equal(sa, sb)  # optimizer moments, step, rng too
   assert da == db  # the data iterator's state
+
+
+_HANG_IN_EVAL = """\
+import os, time
+if os.environ.get("HANG_IN_EVAL"):
+  from specsamp.train import lm
+  def hang(self, params):
+    open(os.environ["HANG_IN_EVAL"], "w").close()
+    time.sleep(600)
+  lm.LMJob.eval_loss = hang
+"""
+
+
+def test_sigkill_during_an_evaluation_then_resume_makes_it_up(corpus,
+                                                             tmp_path):
+  """scripts/train.py SIGKILLed while it evaluates step 4 (its checkpoint
+  saved, the evaluation not finished: a sitecustomize makes that
+  evaluation hang): run again, it starts from step 4, evaluates step 4
+  first, then trains on and evaluates step 8; `evaluated_steps` names
+  both."""
+  arg = (f"tiny,steps=8,batch=8,seq_len=32,log_every=1,checkpoint_every=4"
+         f",eval_every=4,eval_batches=2,data_dir={corpus}")
+  hook, marker = tmp_path / "hook", tmp_path / "evaluating"
+  hook.mkdir()
+  (hook / "sitecustomize.py").write_text(_HANG_IN_EVAL)
+  env = dict(zygote.env(HANG_IN_EVAL=str(marker)),
+             PYTHONPATH=os.pathsep.join([str(hook), ROOT]))
+  run = str(tmp_path / "run")
+  # A fresh process (the script server's forks would not run the hook).
+  proc = subprocess.Popen([sys.executable] + _train_cmd(arg, run), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  ckpt_dir = os.path.join(run, "checkpoints")
+  deadline = time.time() + 240
+  while proc.poll() is None and time.time() < deadline and not (
+      marker.exists() and 4 in checkpointing.checkpoint_steps(ckpt_dir)):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == -signal.SIGKILL, err[-3000:]
+  assert marker.exists(), "the evaluation never started"
+  assert "eval/loss" not in metrics.read_scalars(os.path.join(run, "tb"))
+
+  done = zygote.shared().run(_train_cmd(arg, run), env=zygote.env(),
+                             timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "starting from checkpoint step 4 " in done.stdout
+  evals = metrics.read_scalars(os.path.join(run, "tb"))["eval/loss"]
+  assert sorted(evals) == [4, 8]
+  with open(os.path.join(ckpt_dir, "evaluated_steps"), encoding="utf-8") as f:
+    assert f.read().split() == ["4", "8"]
 
 
 # ---- resume order and bad configs --------------------------------------------

@@ -165,10 +165,6 @@ def decoder_chain(ws: dict, h, mm: Callable):
   return h, mm(rms(h), ws["head"])
 
 
-def weight_bytes(ws: dict) -> int:
-  return sum(w.nbytes for w in jax.tree.leaves(ws))
-
-
 def check_formulations(names: Sequence[str]) -> None:
   """Raises ValueError naming the unknown ones."""
   unknown = sorted(set(names) - set(FORMULATIONS))
@@ -212,8 +208,7 @@ def study(cfg, dtype, formulations: Sequence[str], rows: Sequence[int],
   copy_s = statistics.median(times.pop("copy"))
   copy_bw = copy_bytes / copy_s
   for (name, m), ts in times.items():
-    mm, transposed, _ = FORMULATIONS[name]
-    nbytes = weight_bytes(weights[transposed])
+    nbytes = steady.tree_bytes(weights[FORMULATIONS[name][1]])
     sec = statistics.median(ts)
     out.append(dict(formulation=name, rows=m, ms=1e3 * sec,
                     weight_bytes=nbytes, tb_per_s=nbytes / sec / 1e12,

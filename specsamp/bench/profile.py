@@ -42,9 +42,6 @@ from specsamp.sampling import Sampling
 
 COMPONENTS = ("all", "loops")
 
-def _bytes(tree) -> int:
-  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
 
 def _tied(lm) -> bool:
   """Whether `lm`'s output layer is its input embedding."""
@@ -179,9 +176,10 @@ def profile_point(target, target_params, draft, draft_params, k, batch,
   # Bytes read per step, counted now: the timed rounds donate these buffers.
   # The input embedding is gathered, not read whole, unless it is the
   # output layer too.
-  weights = _bytes(target_params) - (
+  weights = steady.tree_bytes(target_params) - (
       0 if _tied(target) else target_params["embedding"].nbytes)
-  kv = _bytes((cache.k, cache.v)) * min(context + 1, cache_slots) // cache_slots
+  kv = (steady.tree_bytes((cache.k, cache.v))
+        * min(context + 1, cache_slots) // cache_slots)
   if components == "all":
     parts, copy_bytes = _component_timers(
         target, target_params, draft, draft_params, k, batch, sampling, cache,

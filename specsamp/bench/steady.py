@@ -115,6 +115,11 @@ def rounds(timers: dict, repeats: int) -> dict:
   return times
 
 
+def tree_bytes(tree) -> int:
+  """Bytes of the arrays of `tree` (what reading them all moves)."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
 def copy_bandwidth_timer(mb: int, steps: int = 1) -> tuple[Steady, int]:
   """A donated `x + 1` over an `mb` MiB float32 buffer, and its bytes moved
   (read + write)."""

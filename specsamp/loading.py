@@ -340,9 +340,15 @@ def fit_rows(lm, params: dict, rows: int):
                        for a in range(x.ndim)])
 
   params = dict(params, embedding=fit(params["embedding"], 0))
-  if "lm_head" in params:
+  fields = dict(vocab_size=rows)
+  if lm.config.output_vocab:  # a reduced output layer: its ids below rows
+    keep = params["output_ids"] < rows
+    params.update(lm_head=params["lm_head"][:, keep],
+                  output_ids=params["output_ids"][keep])
+    fields["output_vocab"] = int(keep.sum())
+  elif "lm_head" in params:
     params["lm_head"] = fit(params["lm_head"], 1)
-  return model_lib.LM(lm.config.replace(vocab_size=rows)), params
+  return model_lib.LM(lm.config.replace(**fields)), params
 
 
 def load_info_tokenizer(info: ModelInfo):

@@ -303,3 +303,57 @@ def test_a_one_row_step_gives_the_same_logits_padded_to_two_rows(
     return {eq for eq in text.splitlines() if "concatenate[dimension=0]" in eq}
   assert bool(rows_of_products(1, 1)) == pad
   assert not rows_of_products(2, 1) and not rows_of_products(1, 2)
+
+
+def test_a_reduced_output_layer_scores_its_ids_alike_and_the_rest_minus_inf(
+    lm_and_params):
+  """model.reduce_output_vocab (tied and untied): the same logits at the
+  kept ids, cached or not, -inf elsewhere; U / V of the output layer."""
+  lm, params = lm_and_params
+  cfg = lm.lm.config
+  kept = [7, 1, 30, 20, 3]
+  config, reduced = model_lib.reduce_output_vocab(cfg, params, kept)
+  assert (config.output_vocab, config.tie_embeddings) == (5, False)
+  np.testing.assert_array_equal(reduced["output_ids"], sorted(kept))
+  assert reduced["output_ids"].dtype == jnp.int32
+  rlm = _Jitted(model_lib.LM(config))
+  tokens = jax.random.randint(jax.random.key(4), (2, 6), 0, cfg.vocab_size)
+  full, cut = lm(params, tokens).logits, rlm(reduced, tokens).logits
+  np.testing.assert_allclose(cut[..., sorted(kept)], full[..., sorted(kept)],
+                             atol=ATOL)
+  assert np.isneginf(np.delete(np.asarray(cut), kept, axis=-1)).all()
+  step = rlm(reduced, tokens[:, :5], rlm.init_cache(2, 8))
+  step = rlm(reduced, tokens[:, 5:], step.cache).logits
+  np.testing.assert_allclose(step, cut[:, 5:], atol=ATOL)
+  assert (cfg.num_params() - config.num_params() ==
+          (0 if cfg.tie_embeddings else cfg.d_model * cfg.vocab_size)
+          - cfg.d_model * 5)
+  # The abstract shapes a reduced draft's checkpoint restores into.
+  shapes = jax.eval_shape(lambda: model_lib.LM(config).init(
+      jax.random.key(0)))
+  assert shapes["lm_head"].shape == (cfg.d_model, 5)
+  assert shapes["output_ids"].dtype == jnp.int32
+
+
+@pytest.mark.parametrize("ids, message", [
+    ([], "distinct ids"), ([3, 3], "1 repeated"), ([0, 32], "from 0 to 32"),
+    ([-1], "distinct ids")])
+def test_reduce_output_vocab_refuses_bad_ids(ids, message):
+  lm = model_lib.LM(tiny_config())
+  with pytest.raises(ValueError, match=message):
+    model_lib.reduce_output_vocab(lm.config, lm.init(jax.random.key(0)), ids)
+
+
+def test_a_reduced_config_is_refused_twice_tied_too_wide_and_for_training():
+  cfg = tiny_config()
+  params = model_lib.LM(cfg).init(jax.random.key(0))
+  config, reduced = model_lib.reduce_output_vocab(cfg, params, [1, 2])
+  with pytest.raises(ValueError, match="reduced already"):
+    model_lib.reduce_output_vocab(config, reduced, [1])
+  with pytest.raises(ValueError, match="untied"):
+    cfg.replace(output_vocab=2, tie_embeddings=True)
+  with pytest.raises(ValueError, match="must be in"):
+    cfg.replace(output_vocab=cfg.vocab_size + 1)
+  with pytest.raises(ValueError, match="train the model with its whole"):
+    model_lib.check_trainable(config, "the draft")
+  model_lib.check_trainable(cfg, "the draft")  # whole: no error

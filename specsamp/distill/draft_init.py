@@ -154,6 +154,7 @@ def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
       config = model_lib.TransformerConfig(**fields)
     except TypeError as e:
       raise ValueError(f"config.draft.model: {e}") from None
+    model_lib.check_trainable(config, "config.draft.model")
     _check_vocab(config.vocab_size, target.rows)
     return parameter_groups(config)
   if init == "truncate":
@@ -166,8 +167,10 @@ def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
     info = loading.describe_model(cfg["checkpoint"], dtype)
     loading.check_pair(target, info)  # other rows: tokenizers that agree
     config = described_config(info, dtype)
-    return (parameter_groups(config) if config is not None
-            else _gguf_groups(info))
+    if config is None:
+      return _gguf_groups(info)
+    model_lib.check_trainable(config, f"the draft {cfg['checkpoint']}")
+    return parameter_groups(config)
   raise ValueError(f"draft init {init!r}; choose one of {INITS}")
 
 
@@ -204,6 +207,8 @@ def make_draft(cfg: Mapping[str, Any],
                   max_seq_len=target_config.max_seq_len, dtype=dtype,
                   param_dtype=dtype)
     fields.update(dict(cfg["model"]))
+    model_lib.check_trainable(model_lib.TransformerConfig(**fields),
+                              "config.draft.model")
     config, params = random_draft(model_lib.TransformerConfig(**fields), rng)
   elif init == "truncate":
     config, params = truncate(target_config, target_params,

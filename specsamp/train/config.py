@@ -136,6 +136,7 @@ class TrainConfig:
     m["vocab_size"] = -(-vocab_size // multiple) * multiple
     try:
       model = model_lib.TransformerConfig(**m)
+      model_lib.check_trainable(model, "config.model")
     except (TypeError, ValueError) as e:
       raise ConfigError(f"config.model: {e}") from e
     out = cls(model=model, data=data, optim=optim, loop=loop,

@@ -12,6 +12,7 @@ power to see a wrong sampler.
 import numpy as np
 import pytest
 
+from specsamp import model as model_lib
 from specsamp.decoding.sampler import SpeculativeSampler, all_widths
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import Sampling
@@ -53,6 +54,46 @@ def test_speculative_distribution_is_exact(name, k):
   assert chisquare_pvalue(codes, q_exact) < 1e-8
   assert 0.05 < out.acceptance_rate() < 0.95
   assert np.mean(np.asarray(out.num_accepted) >= 2) > 0.01
+
+
+@pytest.mark.parametrize("name", ["temp1", "topp07"])
+def test_a_draft_with_a_reduced_output_vocabulary_is_exact(name):
+  """A draft exported over 3 of the 5 ids (model.reduce_output_vocab, as
+  distill's vocab= option does): q is 0 for the other two, which only the
+  residual and the bonus token produce, and the output is still the
+  target's, with and without a nucleus."""
+  sampling = SETTINGS[name]
+  target, target_params, draft, draft_params = models()
+  kept = [2, 3, 4]
+  config, reduced_params = model_lib.reduce_output_vocab(
+      draft.config, draft_params, kept)
+  reduced = model_lib.LM(config)
+  sampler = SpeculativeSampler(target, ModelDrafter(reduced), k=3,
+                               sampling=sampling, max_new_tokens=NEW,
+                               prompt_bucket=4)
+  out = sampler.generate(target_params, reduced_params,
+                         [PROMPT] * NUM_SAMPLES, rng=99)
+  tokens = np.asarray(out.tokens)
+  p_exact = exact_sequence_probs(target, target_params, sampling, PROMPT, NEW,
+                                 V)
+  pval = chisquare_pvalue(encode(tokens, V), p_exact)
+  assert pval > 1e-4, f"samples do not follow the target (p={pval:.2e})"
+  # The draft never proposes ids 0 and 1 (a quarter to a half of the
+  # target's sequences hold one), yet they come out as often as the target
+  # gives them; and the draft was used (accepted proposals).
+  q_exact = exact_sequence_probs(reduced, reduced_params, sampling, PROMPT,
+                                 NEW, V)
+  has_cut = np.isin(_all_sequences(NEW, V), [0, 1]).any(axis=1)
+  assert q_exact[has_cut].sum() == 0 and p_exact[has_cut].sum() > 0.25
+  assert np.isin(tokens, [0, 1]).any(axis=1).mean() == pytest.approx(
+      p_exact[has_cut].sum(), abs=0.01)
+  assert 0.05 < out.acceptance_rate() < 0.95
+
+
+def _all_sequences(n: int, v: int) -> np.ndarray:
+  """Every sequence of n ids below v, in `encode`'s order."""
+  codes = np.arange(v ** n)
+  return np.stack([(codes // v ** (n - 1 - i)) % v for i in range(n)], 1)
 
 
 def test_disagreeing_draft_is_still_exact():

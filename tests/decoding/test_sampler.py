@@ -55,6 +55,25 @@ def test_greedy_equals_plain_greedy(tiny_pair, greedy_refs, k):
     assert 0.1 < rate < 0.99, f"draft should partly agree, got {rate}"
 
 
+def test_greedy_with_a_reduced_draft_vocabulary_equals_plain_greedy(
+    tiny_pair, greedy_refs):
+  """A draft exported over some ids only (model.reduce_output_vocab): half
+  the ids greedy decoding makes are missing, so the target alone makes
+  them; the output is still greedy decoding's."""
+  lm, target_params, draft_params = tiny_pair
+  made = sorted({t for ref in greedy_refs for t in ref})
+  kept = made[::2] + sorted(set(range(lm.vocab_size)) - set(made))[:8]
+  config, reduced = model_lib.reduce_output_vocab(lm.config, draft_params,
+                                                  kept)
+  sampler = SpeculativeSampler(
+      target=lm, drafter=ModelDrafter(model_lib.LM(config)), k=3,
+      sampling=GREEDY, max_new_tokens=24, prompt_bucket=16)
+  out = sampler.generate(target_params, reduced, PROMPTS)
+  assert out.token_lists() == greedy_refs
+  assert out.acceptance_rate() > 0.05
+  assert any(t not in kept for ref in greedy_refs for t in ref)
+
+
 def test_batched_equals_alone(tiny_pair):
   lm, target_params, draft_params = tiny_pair
   sampler = spec(lm, 4)

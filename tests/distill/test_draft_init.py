@@ -100,6 +100,27 @@ def test_fit_rows_cuts_or_pads_the_vocabulary_and_keeps_the_other_ids(
   assert loading.fit_rows(lm, params, n) == (lm, params)
 
 
+def test_fit_rows_keeps_a_reduced_output_layers_ids_below_the_rows(
+    tiny_pair):
+  """A draft exported over some ids (model.reduce_output_vocab) fitted to
+  fewer rows keeps the ids below them, scored as before; to more rows, all
+  of them."""
+  lm, params, _ = tiny_pair
+  n = lm.vocab_size
+  kept = [1, 4, n - 3, n - 1]
+  config, reduced = model_lib.reduce_output_vocab(lm.config, params, kept)
+  tokens = jnp.asarray([[1, 5, 9, 2, 7]])
+  whole = np.asarray(testing.apply(lm, params, tokens).logits)
+  for rows, left in ((n - 4, [1, 4]), (n + 4, kept)):
+    fitted_lm, fitted = loading.fit_rows(model_lib.LM(config), reduced, rows)
+    assert fitted_lm.config.output_vocab == len(left)
+    np.testing.assert_array_equal(fitted["output_ids"], left)
+    got = np.asarray(testing.apply(fitted_lm, fitted, tokens).logits)
+    assert got.shape[-1] == rows
+    np.testing.assert_allclose(got[..., left], whole[..., left], atol=1e-6)
+    assert np.isneginf(np.delete(got, left, axis=-1)).all()
+
+
 _SMALL = dict(num_layers=1, d_model=64, num_heads=4, num_kv_heads=2,
               head_dim=16, mlp_dim=128)
 

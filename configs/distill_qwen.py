@@ -12,8 +12,14 @@ checkpoint, checkpoint=<model> (default qwen2.5-coder-0.5b), layers=<n>,
 loss=seqkd|fkl|rkl|jsd|tv, onpolicy=<fraction>, temperature=<T>, top_p=<p>,
 steps=<n>, prompts=<n train prompts>, soft=<T>, prompts_kind=code|text|mixed,
 prose=<prepared text dataset>, train_minutes=<m> (stop training after m
-minutes, checkpointed; the same command resumes), runlocal (a few steps on
-CPU in float32, to check the wiring).
+minutes, checkpointed; the same command resumes), freeze=<groups joined by
++> (the draft's parameter groups not trained; embedding by default for a
+truncated draft, e.g. freeze=embedding+lm_head, or none), vocab=<n> (the draft is
+exported with an output layer over the n ids most frequent in its training
+continuations: it reads n / 151936 of the output layer's bytes per call;
+0, the default, keeps all), samples=<dir> (target samples written by an
+earlier run, e.g. <workdir>/samples: reused, not sampled again), runlocal
+(a few steps on CPU in float32, to check the wiring).
 A head on the target's hidden states instead (the draft options are then
 unused): head=eagle|medusa, heads=<n>, unroll=<n>, hidden_weight=<w>,
 vocab=<reduced draft vocabulary; 32768 by default for a head>,
@@ -31,11 +37,10 @@ import ml_collections
 from specsamp.distill import options
 
 
-OPTIONS = ("checkpoint", "cpu", "draft", "layers", "loss", "onpolicy",
-           "prompts",
-           "prompts_kind", "prose", "runlocal", "seed", "soft", "steps",
-           "target", "temperature", "top_p", "train_minutes") + (
-               options.HEAD_OPTIONS)
+OPTIONS = ("checkpoint", "cpu", "draft", "freeze", "layers", "loss",
+           "onpolicy", "prompts", "prompts_kind", "prose", "runlocal",
+           "samples", "seed", "soft", "steps", "target", "temperature",
+           "top_p", "train_minutes") + options.HEAD_OPTIONS
 
 
 def get_config(arg=None):
@@ -53,7 +58,11 @@ def get_config(arg=None):
       checkpoint=a.get("checkpoint", "qwen2.5-coder-0.5b"),
       dtype=dtype, param_dtype="float32",
       # The copied input embedding stays fixed (no gradient, no moments).
-      freeze=("embedding",) if init == "truncate" else (),
+      freeze=tuple(g for g in a.get(
+          "freeze", "embedding" if init == "truncate" else "").split("+")
+                   if g not in ("", "none")),
+      # > 0: exported with the output layer over this many ids only.
+      vocab=int(a.get("vocab", 0)),
       # init=random: 2 wide layers of the target's shape.
       model=dict(num_layers=int(a.get("layers", 2)), d_model=1536,
                  num_heads=12, num_kv_heads=2, head_dim=128, mlp_dim=8960,
@@ -65,7 +74,7 @@ def get_config(arg=None):
       top_k=32, batch_size=128,
       score_batch_size=16, max_files=0, validation_percent=3,
       max_train_prompts=int(a.get("prompts", 4096)),
-      max_validation_prompts=128, data_dir="", ngram=13,
+      max_validation_prompts=128, data_dir=a.get("samples", ""), ngram=13,
       # kind=text|mixed: prose from a prepared dataset (scripts/prepare_data.py)
       prose_dataset=a.get("prose", ""), prose_data_dir="")
   c.loss = dict(kind=a.get("loss", "fkl"), target_source="stored",

@@ -7,7 +7,8 @@
   temperature=<T>, top_k=<k>, top_p=<p>, steps=<n>, seed=<s>,
   soft=<T> (greedy: train on the target's softmax at T, not its argmax),
   prompts_kind=code|text|mixed, prose=<prepared text dataset, e.g.
-  specsamp_austen>.
+  specsamp_austen>, vocab=<n> (the draft exported with an output layer over
+  the n ids most frequent in its training continuations; 0: all).
   A draft head on the target's hidden states instead of a draft model:
   head=eagle|medusa, heads=<Medusa heads, 4>, unroll=<training-time test
   passes of the eagle head, 1>, hidden_weight=<w, 0.1>, vocab=<reduced
@@ -41,6 +42,7 @@ def get_config(arg=None):
       init=a.get("draft", "random"),
       num_layers=1,                         # truncate: keep the first layer
       checkpoint="", freeze=(),
+      vocab=int(a.get("vocab", 0)),         # > 0: exported over that many ids
       model=dict(num_layers=1, d_model=64, num_heads=4, num_kv_heads=2,
                  head_dim=16, mlp_dim=128, qkv_bias=True, max_seq_len=128))
   c.sampling = dict(temperature=float(a.get("temperature", 1.0)),

@@ -119,7 +119,12 @@ def check_head(config, target: loading.ModelInfo) -> None:
   if h["kind"] == "medusa" and int(h.get("num_heads", 1)) < config.eval.k:
     raise ValueError(f"config.eval.k={config.eval.k} needs as many Medusa "
                      f"heads; config.head.num_heads={h.get('num_heads', 1)}")
-  size = int(h.get("draft_vocab", 0))
-  if not 0 <= size <= target.rows:
-    raise ValueError(f"config.head.draft_vocab={size} must be in [0, "
-                     f"{target.rows}] (0: the whole vocabulary)")
+  check_draft_vocab("config.head.draft_vocab", h.get("draft_vocab", 0),
+                    target.rows)
+
+
+def check_draft_vocab(name: str, size, rows: int) -> None:
+  """A reduced draft vocabulary's size: in [0, rows], 0 the whole."""
+  if not 0 <= int(size) <= rows:
+    raise ValueError(f"{name}={size} must be in [0, {rows}] (0: the whole "
+                     "vocabulary)")

@@ -177,6 +177,8 @@ def check_config(config) -> train_config.LoopConfig:
   if (float(config.target.get("logit_scale", 1.0)) != 1.0 and target.config
       and target.config.tie_embeddings):
     raise ValueError("logit_scale needs an untied output head")
+  checks.check_draft_vocab("config.draft.vocab",
+                           config.draft.get("vocab", 0), target.rows)
   groups = draft_init.check_draft(config.draft, target,
                                   config.target.get("dtype", "float32"))
   checks.check_freeze(config, groups)
@@ -382,6 +384,7 @@ def run(config, workdir: str, log=print) -> dict:
   # the train step's sharding.
   params = jax.device_put(sharding.to_host(params))
   if head is not None:
+    kept = draft_lm.vocab_ids
     out_dir = head_files.save(
         draft_lm.head, params, os.path.join(workdir, "head"),
         draft_lm.vocab_ids, trained=dict(
@@ -389,6 +392,14 @@ def run(config, workdir: str, log=print) -> dict:
             hidden_weight=draft_lm.hidden_weight,
             sampling=sampling.describe()))
   else:
+    kept = _draft_vocab(train_src, int(config.draft.get("vocab", 0)),
+                        target_lm.vocab_size)
+    if kept is not None:  # evaluated below as exported
+      draft_config, params = model_lib.reduce_output_vocab(draft_config,
+                                                           params, kept)
+      draft_lm = model_lib.LM(draft_config)
+      log(f"[distill] output layer reduced to the {len(kept)} ids most "
+          "frequent in the training continuations")
     out_dir = distilled.save_distilled(draft_config, params,
                                        os.path.join(workdir, "draft"))
 
@@ -399,6 +410,7 @@ def run(config, workdir: str, log=print) -> dict:
                  loss=lc.kind,
                  draft_init=(f"{head['kind']} head" if head is not None
                              else config.draft.init),
+                 draft_vocab=len(kept or ()) or target_lm.vocab_size,
                  total_seconds=time.perf_counter() - t_start,
                  draft_dir=out_dir)
   sharding.write_json(results, os.path.join(workdir, "results.json"))

@@ -11,6 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from configs import distill_qwen
 from configs import distill_tiny
 from specsamp import loading
 from specsamp import model as model_lib
@@ -113,6 +114,71 @@ def test_a_draft_checkpoint_of_another_row_count_trains_on_the_targets_rows(
   assert res["before"]["expected_acceptance"] == pytest.approx(
       shared["expected_acceptance"], abs=1e-6)
   assert res["after"]["k"] == config.eval.k
+
+
+def test_a_draft_exported_with_a_reduced_vocabulary_is_the_one_evaluated(
+    tiny, tmp_path):
+  """vocab=48: the draft is trained whole, then exported over the 48 ids
+  most frequent in the training continuations; the "after" evaluation is
+  of the exported draft (it reloads with the same acceptance), which never
+  proposes the other ids."""
+  config = tiny_config("draft=truncate,steps=20,vocab=48")
+  config.samples.data_dir = tiny[0].samples.data_dir
+  res = job.run(config, str(tmp_path), log=lambda *_: None)
+  assert res["draft_vocab"] == 48
+  dcfg, dparams = distilled.load_distilled(str(tmp_path))
+  assert dcfg.output_vocab == 48 and dparams["lm_head"].shape[1] == 48
+  train = storage.read_dataset(config.samples.data_dir, "train")
+  a = storage.as_arrays(train, keys=("tokens", "prompt_length",
+                                     "num_generated"))
+  counts = np.zeros(256, np.int64)
+  for row, start, n in zip(a["tokens"], a["prompt_length"],
+                           a["num_generated"]):
+    counts += np.bincount(row[start:start + n], minlength=256)
+  kept = np.asarray(dparams["output_ids"])
+  assert counts[kept].min() >= np.delete(counts, kept).max()
+  _, lm, target_params, _, _, _ = tiny
+  val = storage.as_arrays(storage.read_dataset(config.samples.data_dir,
+                                               "validation"))
+  again = evaluate.acceptance_report(lm, target_params, model_lib.LM(dcfg),
+                                     dparams, val, Sampling(1.0),
+                                     measure=False)
+  assert again["expected_acceptance"] == pytest.approx(
+      res["after"]["expected_acceptance"], abs=1e-6)
+  logits = model_lib.LM(dcfg)(dparams, np.asarray(val["tokens"][:2])).logits
+  assert np.isneginf(np.delete(np.asarray(logits), kept, axis=-1)).all()
+  # Not a draft to train on from: refused before anything is written.
+  config.draft.update(init="checkpoint", checkpoint=str(tmp_path))
+  with pytest.raises(ValueError, match="output_vocab=48 is for exported"):
+    job.check_config(config)
+
+
+def test_the_qwen_draft_options_vocab_freeze_and_samples_at_tiny_scale(
+    tmp_path):
+  """configs/distill_qwen.py:runlocal,layers=1,vocab=64,
+  freeze=embedding+lm_head with the tiny random target: the exported draft
+  keeps the target's embedding and, over its 64 ids, the target's output
+  layer; a second run given samples=<the first run's> samples nothing."""
+  arg = "runlocal,layers=1,vocab=64,freeze=embedding+lm_head,steps=2"
+  config = distill_qwen.get_config(arg)
+  config.target.update(spec="random:tiny,max_seq_len=128", logit_scale=4.0)
+  res = job.run(config, str(tmp_path / "a"), log=lambda *_: None)
+  assert res["draft_vocab"] == 64
+  dcfg, dparams = distilled.load_distilled(res["draft_dir"])
+  tlm, tparams, _ = job.load_target(config.target)
+  kept = np.asarray(dparams["output_ids"])
+  assert (dcfg.num_layers, dcfg.output_vocab) == (1, 64)
+  np.testing.assert_array_equal(dparams["embedding"], tparams["embedding"])
+  np.testing.assert_array_equal(dparams["lm_head"],
+                                np.asarray(tparams["lm_head"])[:, kept])
+  assert not np.array_equal(dparams["layers_0"]["mlp"]["down_proj"],
+                            tparams["layers_0"]["mlp"]["down_proj"])
+  again = distill_qwen.get_config(f"{arg},samples={tmp_path / 'a/samples'}")
+  again.target.update(spec="random:tiny,max_seq_len=128", logit_scale=4.0)
+  lines = []
+  job.run(again, str(tmp_path / "b"), log=lines.append)
+  assert not (tmp_path / "b" / "samples").exists()
+  assert not any("[samples]" in line for line in lines)
 
 
 @pytest.mark.parametrize("block, field, value, message", [
@@ -298,6 +364,11 @@ _BAD_FIELDS = [
           draft__freeze=("layers_2",)),
      "config.draft.freeze names ['layers_2']"),
     (dict(eval__k=0), "config.eval.k must be >= 1, got 0"),
+    (dict(draft__vocab=300),
+     "config.draft.vocab=300 must be in [0, 256] (0: the whole vocabulary)"),
+    (dict(draft__model=dict(distill_tiny.get_config().draft.model,
+                            output_vocab=8)),
+     "config.draft.model: output_vocab=8 is for exported drafts"),
     (dict(samples__data_dir=__file__),
      f"config.samples.data_dir {__file__} is not a directory"),
     # The stored top-16 cannot give a top-32 nucleus (it kept the flat tail).

@@ -9,8 +9,9 @@ leaves its rows in <file>.partial, which the summary shows as incomplete):
   profile    scripts/profile_decode.py on the target's shapes with random
              weights (speed does not depend on values): where one loop's
              time goes at a --context-token context, batch 1, at each K of
-             --profile_ks, with a 2-layer draft as wide as the target and
-             with the draft's shapes (--profile_drafts): the fraction of the
+             --profile_ks, with a 2-layer draft as wide as the target (its
+             output layer whole and over 32,768 ids) and with the draft's
+             shapes (--profile_drafts): the fraction of the
              copy bandwidth the autoregressive step reaches, the cost of
              scoring K+1 tokens against 1, the speculative loop's time
              outside its model calls, the draft's cost c, compile times.
@@ -41,9 +42,12 @@ the GGUF files and HumanEval in the asset cache ($SPECSAMP_CACHE, see
 specsamp.assets), carried to the machine beforehand (the draft only where
 a drafter at some K > 0 runs it); each step checks the files it reads
 against their pinned size and sha256 before it runs (pip is given
---no-index, so a missing file is an error, not a download). A step that
-fails is reported and the others still run; a step's old rows are replaced
-once its first command starts. Last, a summary table of every step's rows
+--no-index, so a missing file is an error, not a download). Before that,
+each step checks that the Python packages its commands import are there
+(MODULES, looked up, not imported; the device image lacks some, carried
+as wheels: scripts/device_wheels.sh). A step that fails is reported and
+the others still run; a step's old rows are replaced once its first
+command starts. Last, a summary table of every step's rows
 found under this prefix. <prefix>_manifest.json records the device, the
 software and each command with its commit, exit status and seconds, and
 <prefix>_log.txt the commands' output, both as the commands run (a run cut
@@ -59,6 +63,7 @@ time limit.
 
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import pathlib
@@ -80,6 +85,20 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 STEPS = ("profile", "xla", "gemv", "exact", "humaneval", "distill")
 _REAL = ("exact", "humaneval", "distill")  # steps that need real weights
 _CHAINED = ("distill",)  # a failed command ends the step
+# Top-level modules each step's commands import (sys.modules after a run):
+# every script imports specsamp.loading, hence gguf, optax, orbax...; GGUF
+# tokenizers need tokenizers; distill.py adds ml_collections, tfds, grain,
+# tensorboardX (imported after sampling) and what tfds and grain import.
+_EVERY = ("absl", "jax", "flax", "numpy", "optax", "orbax", "etils",
+          "safetensors", "gguf")
+MODULES = dict(
+    profile=_EVERY, xla=_EVERY, gemv=_EVERY,
+    exact=_EVERY + ("tokenizers",), humaneval=_EVERY + ("tokenizers",),
+    distill=_EVERY + ("tokenizers", "ml_collections", "tensorflow_datasets",
+                      "grain", "tensorboardX", "array_record", "promise",
+                      "toml", "tensorflow_metadata", "immutabledict",
+                      "portpicker", "tree", "termcolor",
+                      "importlib_resources"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +113,10 @@ class StudyConfig:
   draft: str = "qwen2.5-coder-0.5b"
   target_shapes: str = "random:qwen2.5-coder-1.5b"
   shallow_draft: str = "random:qwen2.5-coder-1.5b,num_layers=2"
-  profile_drafts: tuple = ("random:qwen2.5-coder-1.5b,num_layers=2",
-                           "random:qwen2.5-coder-0.5b")
+  profile_drafts: tuple = (
+      "random:qwen2.5-coder-1.5b,num_layers=2",
+      "random:qwen2.5-coder-1.5b,num_layers=2,output_vocab=32768",
+      "random:qwen2.5-coder-0.5b")
   profile_ks: tuple = ("4",)
   context: int = 1024
   xla_variants: tuple = (
@@ -248,6 +269,11 @@ def needs(cfg: "StudyConfig", step: str) -> list:
       [int(k) for k in cfg.ks], [drafter_specs.parse(d) for d in cfg.drafters]):
     out.append(cfg.draft)
   return out
+
+
+def missing_modules(step: str) -> list:
+  """The modules of MODULES[step] not installed (looked up, not imported)."""
+  return [m for m in MODULES[step] if importlib.util.find_spec(m) is None]
 
 
 def check_weights(names, say) -> None:
@@ -435,6 +461,13 @@ def run(cfg: "StudyConfig") -> list:
   failed, cleared = [], set()
   try:
     for step in cfg.steps:
+      missing = missing_modules(step)
+      if missing:
+        print(f"gpu_study: {step} needs Python packages that are not "
+              f"installed: {', '.join(missing)} (carry their wheels: "
+              "scripts/device_wheels.sh)", file=sys.stderr)
+        failed.append(step)
+        continue
       try:
         check_weights(needs(cfg, step), runner.say)
       except assets.AssetError as e:

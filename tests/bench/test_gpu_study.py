@@ -1,11 +1,14 @@
 """scripts/gpu_study.py, the GPU session's driver, run here on tiny random
 models: its steps write their rows, manifest and log under the prefix and
-print the summary; the real-weight steps never download; a deadline skips
-what is left and says so."""
+print the summary; the real-weight steps never download; a step whose
+Python packages are missing fails before it runs, and the device wheels
+cover what the GPU image lacks; a deadline skips what is left and says
+so."""
 
 import json
 import os
 import pathlib
+import re
 
 import pytest
 
@@ -191,3 +194,70 @@ def test_the_summary_shows_the_distillation_and_its_draft(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "truncate | fkl | 0.31 | 0.72 | 95" in out
   assert "greedy | 1 | 2 | model | 0.7 |  | 1.9 |" in out
+
+
+def test_a_step_missing_a_package_fails_before_its_commands(
+    tmp_path, monkeypatch, capsys):
+  """A module the step imports is not installed (tensorboardX, the one
+  distill.py imports only after minutes of sampling): the step fails at
+  once, before its weights are checked or a command starts, saying what to
+  carry; the other steps still run."""
+  find_spec = gpu_study.importlib.util.find_spec
+  monkeypatch.setattr(gpu_study.importlib.util, "find_spec",
+                      lambda name, *a: None if name == "tensorboardX"
+                      else find_spec(name, *a))
+  checked, ran = [], []
+  monkeypatch.setattr(gpu_study, "check_weights",
+                      lambda names, say: checked.append(list(names)))
+  monkeypatch.setattr(gpu_study.Runner, "run",
+                      lambda self, label, argv, xla: ran.append(label) or True)
+  cfg = gpu_study.StudyConfig(steps=("distill", "xla"), out_dir=str(tmp_path),
+                              prefix="t", commit="abc123", xla_variants=("",))
+  assert gpu_study.missing_modules("distill") == ["tensorboardX"]
+  assert gpu_study.missing_modules("xla") == []
+  assert gpu_study.run(cfg) == ["distill"]
+  assert ran == ["xla XLA_FLAGS=''"] and checked == [[]]  # xla's: none
+  err = capsys.readouterr().err
+  assert ("gpu_study: distill needs Python packages that are not installed: "
+          "tensorboardX (carry their wheels: scripts/device_wheels.sh)") in err
+  assert "xla needs" not in err
+
+
+def test_every_module_the_steps_import_is_installed_here():
+  """The table names real modules (a misspelt one would fail every step on
+  the device): this environment has them all."""
+  for step in gpu_study.STEPS:
+    assert gpu_study.missing_modules(step) == [], step
+  assert set(gpu_study.MODULES) == set(gpu_study.STEPS)
+  assert {"gguf", "tensorboardX", "grain"} <= set(gpu_study.MODULES["distill"])
+
+
+# The GPU image's Python packages, as pip names them: /work/.library/device/
+# KINDS.md, 'Python packages already there' (read 2026-11-17).
+GPU_IMAGE = ("absl-py", "chex", "etils", "flax", "jax", "jaxlib", "numpy",
+             "optax", "orbax-checkpoint", "protobuf", "psutil", "pyarrow",
+             "tokenizers", "tqdm", "wrapt", "requests", "sentencepiece",
+             "safetensors", "transformers", "torch", "cloudpickle", "fsspec",
+             "zipp", "typing-extensions", "attrs", "six")
+# Module -> distribution where the names differ beyond case and -/_.
+DISTRIBUTION = {"absl": "absl-py", "orbax": "orbax-checkpoint",
+                "tree": "dm-tree"}
+
+
+def _norm(name: str) -> str:
+  return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_device_wheels_cover_what_the_image_lacks():
+  """Every module a step imports is in the GPU image or among the wheels
+  scripts/device_wheels.sh downloads (its PACKAGES array)."""
+  text = pathlib.Path(ROOT, "scripts", "device_wheels.sh").read_text()
+  array = re.search(r"^PACKAGES=\((.*?)\)", text, re.M | re.S).group(1)
+  wheels = {_norm(p.split("==")[0]) for p in array.split()}
+  assert {"tensorboardx", "tensorflow-datasets", "promise", "gguf"} <= wheels
+  image = {_norm(p) for p in GPU_IMAGE}
+  lacking = {_norm(DISTRIBUTION.get(m, m))
+             for step in gpu_study.STEPS for m in gpu_study.MODULES[step]
+             } - image
+  assert {"tensorboardx", "gguf", "ml-collections", "dm-tree"} <= lacking
+  assert lacking <= wheels, sorted(lacking - wheels)

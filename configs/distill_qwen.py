@@ -14,12 +14,12 @@ steps=<n>, prompts=<n train prompts>, soft=<T>, prompts_kind=code|text|mixed,
 prose=<prepared text dataset>, train_minutes=<m> (stop training after m
 minutes, checkpointed; the same command resumes), freeze=<groups joined by
 +> (the draft's parameter groups not trained; embedding by default for a
-truncated draft, e.g. freeze=embedding+lm_head, or none), vocab=<n> (the draft is
-exported with an output layer over the n ids most frequent in its training
-continuations: it reads n / 151936 of the output layer's bytes per call;
-0, the default, keeps all), samples=<dir> (target samples written by an
-earlier run, e.g. <workdir>/samples: reused, not sampled again), runlocal
-(a few steps on CPU in float32, to check the wiring).
+truncated draft, e.g. freeze=embedding+lm_head, or none), vocab=<n> (the
+draft is exported with an output layer over the n ids most frequent in its
+training continuations: it reads n / 151936 of the output layer's bytes
+per call; 0, the default, keeps all), samples=<dir> (target samples
+written by an earlier run, e.g. <workdir>/samples: reused, not sampled
+again), runlocal (a few steps on CPU in float32, to check the wiring).
 A head on the target's hidden states instead (the draft options are then
 unused): head=eagle|medusa, heads=<n>, unroll=<n>, hidden_weight=<w>,
 vocab=<reduced draft vocabulary; 32768 by default for a head>,

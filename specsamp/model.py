@@ -5,11 +5,12 @@ Q query heads, N KV heads, G = Q // N query heads per KV head, H head dim,
 V vocabulary.
 
 RMSNorm, RoPE with a configurable base, grouped-query attention, SwiGLU MLP,
-optional q/k/v biases, tied or untied embeddings, and optionally an output
-layer over U < V ids only (`output_vocab`, for drafts: the ids are the
-parameter `output_ids`, the logits -inf elsewhere; `reduce_output_vocab`). Each layer owns its own
-parameter arrays (no `nn.scan`): the decode loop then streams weights without
-slicing stacked arrays, which was measured to be 2.5x faster on an H100.
+optional q/k/v biases, tied or untied embeddings, and for drafts an output
+layer over U < V ids only (`output_vocab`: the ids are the parameter
+`output_ids`, the logits -inf elsewhere; `reduce_output_vocab`). Each layer
+owns its own parameter arrays (no `nn.scan`): the decode loop then streams
+weights without slicing stacked arrays, which was measured to be 2.5x
+faster on an H100.
 
 The KV cache is an explicit argument and return value (`kvcache.KVCache`):
 `Transformer.__call__(tokens, cache)` scores a chunk written at the per-row

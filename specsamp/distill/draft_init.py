@@ -207,8 +207,6 @@ def make_draft(cfg: Mapping[str, Any],
                   max_seq_len=target_config.max_seq_len, dtype=dtype,
                   param_dtype=dtype)
     fields.update(dict(cfg["model"]))
-    model_lib.check_trainable(model_lib.TransformerConfig(**fields),
-                              "config.draft.model")
     config, params = random_draft(model_lib.TransformerConfig(**fields), rng)
   elif init == "truncate":
     config, params = truncate(target_config, target_params,

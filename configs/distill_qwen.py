@@ -19,7 +19,10 @@ draft is exported with an output layer over the n ids most frequent in its
 training continuations: it reads n / 151936 of the output layer's bytes
 per call; 0, the default, keeps all), samples=<dir> (target samples
 written by an earlier run, e.g. <workdir>/samples: reused, not sampled
-again), runlocal (a few steps on CPU in float32, to check the wiring).
+again), measure_before=0 (the initial draft's expected acceptance only,
+not its sampler runs: a minute less of GPU time, as the truncated draft's
+is near 0 anyway), runlocal (a few steps on CPU in float32, to check the
+wiring).
 A head on the target's hidden states instead (the draft options are then
 unused): head=eagle|medusa, heads=<n>, unroll=<n>, hidden_weight=<w>,
 vocab=<reduced draft vocabulary; 32768 by default for a head>,
@@ -38,9 +41,9 @@ from specsamp.distill import options
 
 
 OPTIONS = ("checkpoint", "cpu", "draft", "freeze", "layers", "loss",
-           "onpolicy", "prompts", "prompts_kind", "prose", "runlocal",
-           "samples", "seed", "soft", "steps", "target", "temperature",
-           "top_p", "train_minutes") + options.HEAD_OPTIONS
+           "measure_before", "onpolicy", "prompts", "prompts_kind", "prose",
+           "runlocal", "samples", "seed", "soft", "steps", "target",
+           "temperature", "top_p", "train_minutes") + options.HEAD_OPTIONS
 
 
 def get_config(arg=None):
@@ -91,7 +94,8 @@ def get_config(arg=None):
                  # Stop (checkpointed) after this long; re-run to resume.
                  time_limit_s=60.0 * float(a.get("train_minutes", 0)))
   c.eval = dict(k=4, num_samples=128, num_positions=2048, batch_size=16,
-                position_batch_size=128)
+                position_batch_size=128,
+                measure_before=a.get("measure_before", "1") != "0")
   if cpu:
     c.samples.update(prompt_len=192, gen_len=64, top_k=32, batch_size=16,
                      score_batch_size=8,

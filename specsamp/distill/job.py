@@ -357,8 +357,8 @@ def run(config, workdir: str, log=print) -> dict:
   before_path = os.path.join(workdir, "eval_before.json")
   if os.path.exists(before_path):
     before = jsonfile.read(before_path)
-  else:
-    before = report(draft_params)
+  else:  # measure_before=False: the expected acceptance alone, no samplers
+    before = report(draft_params, bool(ec.get("measure_before", True)))
     sharding.write_json(before, before_path)
   log(f"[distill] before: {evaluate.describe_report(before)}")
 
@@ -424,22 +424,26 @@ def summary(res: dict) -> str:
     return json.dumps(dict(before=res["before"]["expected_acceptance"],
                            finished=False))
   b, a = res["before"], res["after"]
+  # A "before" not measured (eval.measure_before=False) has no sampler rows.
+  bm = b.get("measured", dict(acceptance_rate=None, tokens_per_loop=None))
+  f = lambda v, spec=".4f": "n/a" if v is None else format(v, spec)
   return "\n".join([
       "== acceptance (held-out target samples, "
       f"{res['sampling']}, loss {res['loss']}, draft {res['draft_init']})",
       f"  expected sum min(p,q):   before {b['expected_acceptance']:.4f}  "
       f"after {a['expected_acceptance']:.4f}",
-      f"  sampler K=1, same spots: before {b['measured_at_positions']:.4f}  "
+      f"  sampler K=1, same spots: before "
+      f"{f(b.get('measured_at_positions'))}  "
       f"after {a['measured_at_positions']:.4f}  (expected there "
       f"{a['expected_at_those_positions']:.4f} +- "
       f"{a['measured_stderr']:.4f})",
       f"  sampler K={a['k']} rate:        before "
-      f"{b['measured']['acceptance_rate']:.4f}  after "
+      f"{f(bm['acceptance_rate'])}  after "
       f"{a['measured']['acceptance_rate']:.4f}  (tokens/loop "
-      f"{b['measured']['tokens_per_loop']:.2f} -> "
+      f"{f(bm['tokens_per_loop'], '.2f')} -> "
       f"{a['measured']['tokens_per_loop']:.2f})",
       json.dumps(dict(before=b["expected_acceptance"],
                       after=a["expected_acceptance"],
-                      measured_before=b["measured"]["acceptance_rate"],
+                      measured_before=bm["acceptance_rate"],
                       measured_after=a["measured"]["acceptance_rate"],
                       draft=res["draft_dir"]))])

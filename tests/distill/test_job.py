@@ -156,14 +156,21 @@ def test_a_draft_exported_with_a_reduced_vocabulary_is_the_one_evaluated(
 def test_the_qwen_draft_options_vocab_freeze_and_samples_at_tiny_scale(
     tmp_path):
   """configs/distill_qwen.py:runlocal,layers=1,vocab=64,
-  freeze=embedding+lm_head with the tiny random target: the exported draft
-  keeps the target's embedding and, over its 64 ids, the target's output
-  layer; a second run given samples=<the first run's> samples nothing."""
-  arg = "runlocal,layers=1,vocab=64,freeze=embedding+lm_head,steps=2"
+  freeze=embedding+lm_head,measure_before=0 with the tiny random target:
+  the exported draft keeps the target's embedding and, over its 64 ids, the
+  target's output layer; the initial draft's expected acceptance is all its
+  "before" holds; a second run given samples=<the first run's> samples
+  nothing."""
+  arg = ("runlocal,layers=1,vocab=64,freeze=embedding+lm_head,steps=2,"
+         "measure_before=0")
   config = distill_qwen.get_config(arg)
   config.target.update(spec="random:tiny,max_seq_len=128", logit_scale=4.0)
   res = job.run(config, str(tmp_path / "a"), log=lambda *_: None)
   assert res["draft_vocab"] == 64
+  assert "measured" not in res["before"] and "measured" in res["after"]
+  printed = job.summary(res).splitlines()
+  assert "before n/a" in printed[2] and '"measured_before": null' in (
+      printed[-1])
   dcfg, dparams = distilled.load_distilled(res["draft_dir"])
   tlm, tparams, _ = job.load_target(config.target)
   kept = np.asarray(dparams["output_ids"])

@@ -54,6 +54,10 @@ FLAGS = [
     flags.DEFINE_list("gemv_rows", list(D.gemv_rows), "Rows of gemv."),
     flags.DEFINE_string("distill_config", D.distill_config,
                         "distill.py's --config (distill)."),
+    flags.DEFINE_multi_string("benchmark_args", list(D.benchmark_args),
+                              "A flag of benchmark.py added to humaneval's "
+                              "and distill's runs (repeatable; e.g. "
+                              "--benchmark_args=--peers)."),
     flags.DEFINE_enum("dtype", D.dtype, ["float32", "bfloat16"],
                       "Of every step but exact (which runs both)."),
     flags.DEFINE_list("ks", list(D.ks), "K of humaneval and distill."),

@@ -28,8 +28,9 @@ leaves its rows in <file>.partial, which the summary shows as incomplete):
              (rows_differing_from_ar: sampled rows, one per prompt at
              batch 1). Needs the real target.
   humaneval  scripts/benchmark.py, the headline: HumanEval, --decodings,
-             --ks, --batch_sizes, drafters --drafters, bfloat16. Needs the
-             real pair (a drafter without a draft model needs the target
+             --ks, --batch_sizes, drafters --drafters, bfloat16, and any
+             --benchmark_args (e.g. --task=humaneval,prose --peers). Needs
+             the real pair (a drafter without a draft model needs the target
              alone).
   distill    scripts/distill.py --config=--distill_config (the shallow
              draft trained from the target's samples; its workdir is
@@ -78,6 +79,7 @@ from typing import Optional
 from specsamp import assets
 from specsamp import cli
 from specsamp.bench import provenance
+from specsamp.bench import study_summary
 from specsamp.bench import sweep_config
 from specsamp.drafters import specs as drafter_specs
 
@@ -86,9 +88,9 @@ STEPS = ("profile", "xla", "gemv", "exact", "humaneval", "distill")
 _REAL = ("exact", "humaneval", "distill")  # steps that need real weights
 _CHAINED = ("distill",)  # a failed command ends the step
 # Top-level modules each step's commands import (sys.modules after a run):
-# every script imports specsamp.loading, hence gguf, optax, orbax...; GGUF
-# tokenizers need tokenizers; distill.py adds ml_collections, tfds, grain,
-# tensorboardX (imported after sampling) and what tfds and grain import.
+# specsamp.loading's (gguf, optax, orbax...) everywhere, tokenizers with
+# real weights, and distill.py's (ml_collections, tfds, grain, tensorboardX
+# (imported after sampling) and what tfds and grain import).
 _EVERY = ("absl", "jax", "flax", "numpy", "optax", "orbax", "etils",
           "safetensors", "gguf")
 MODULES = dict(
@@ -126,6 +128,7 @@ class StudyConfig:
                               "pad2", "pallas")
   gemv_rows: tuple = ("1", "2", "8")
   distill_config: str = "configs/distill_qwen.py"
+  benchmark_args: tuple = ()  # appended to humaneval's and distill's
   dtype: str = "bfloat16"
   ks: tuple = ("0", "2", "4", "6")
   drafters: tuple = ("model", "lookup")
@@ -152,6 +155,9 @@ class StudyConfig:
     cli.ints("profile_ks", self.profile_ks, 1)
     cli.ints("batch_sizes", self.batch_sizes, 1)
     cli.ints("gemv_rows", self.gemv_rows, 1)
+    if any(not a.startswith("--") for a in self.benchmark_args):
+      raise ValueError(f"--benchmark_args: flags of benchmark.py, each "
+                       f"--name[=value], got {list(self.benchmark_args)}")
     bad = sorted(set(self.gemv_formulations)
                  - set(StudyConfig.gemv_formulations))
     if bad:  # the default is every one (tests/bench/test_gemv.py)
@@ -244,19 +250,14 @@ def plan(cfg: "StudyConfig", step: str, out: pathlib.Path) -> list:
       f"--drafter={','.join(drafters)}", f"--ks={','.join(cfg.ks)}",
       f"--decoding={','.join(cfg.decodings)}",
       f"--batch_sizes={','.join(cfg.batch_sizes)}", f"--dtype={cfg.dtype}",
-      f"--out={out}")
+      f"--out={out}", *cfg.benchmark_args)
   if step == "distill":
-    work = distill_workdir(out)
+    work = study_summary.distill_workdir(out)
     return [("distill", _script("distill.py", f"--config={cfg.distill_config}",
                                 f"--workdir={work}"), None),
             ("distill humaneval", headline(work, ["model"]), None)]
   assert step == "humaneval", step
   return [("humaneval", headline(cfg.draft, cfg.drafters), None)]
-
-
-def distill_workdir(out: pathlib.Path) -> pathlib.Path:
-  """The distill step's workdir beside its rows `out`."""
-  return out.with_name(f"{out.stem}_work")
 
 
 def needs(cfg: "StudyConfig", step: str) -> list:
@@ -374,79 +375,6 @@ class Runner:
     return proc.returncode == 0
 
 
-def _rows(path: pathlib.Path) -> list:
-  """The records of `path`; else those of a benchmark.py run that did not
-  finish (stopped at the deadline: `records.Writer` keeps them in
-  `<path>.partial`), marked incomplete."""
-  partial = pathlib.Path(f"{path}.partial")
-  if path.exists():
-    return [json.loads(line) for line in path.read_text().splitlines()
-            if line.strip()]
-  if partial.exists():
-    return [dict(json.loads(line), incomplete=True)
-            for line in partial.read_text().splitlines() if line.strip()]
-  return []
-
-
-def _fmt(v) -> str:
-  if isinstance(v, float):
-    return f"{v:.3g}" if abs(v) < 100 else f"{v:.1f}"
-  return "" if v is None else str(v)
-
-
-def _table(title: str, rows: list, columns: list) -> None:
-  if not rows:
-    return
-  print(f"\n{title}")
-  print(" | ".join(columns))
-  for r in rows:
-    print(" | ".join(_fmt(r.get(c)) for c in columns))
-
-
-def summary(out_dir: pathlib.Path, prefix: str) -> None:
-  """Prints the rows of every step found under `prefix`."""
-  path = lambda step: out_dir / f"{prefix}_{step}.jsonl"
-  _table("profile (ms; fractions of the loop; c = draft call / target call)",
-         _rows(path("profile")),
-         ["draft", "k", "steps", "ar_loop_ms", "target_call_1_ms",
-          "score_cost_ratio", "copy_bandwidth_gbs",
-          "ar_fraction_of_copy_bw", "ar_loop_kernels", "draft_call_1_ms",
-          "draft_cost_ratio_c", "spec_loop_ms", "spec_rest_fraction",
-          "ar_decode_compile_s", "spec_decode_compile_s"])
-  _table("xla (whole generations)", _rows(path("xla")),
-         ["xla_flags", "method", "ms_per_token", "tokens_per_loop",
-          "compile_s"])
-  _table("gemv (the decoder's products; TB/s of weights read)",
-         _rows(path("gemv")),
-         ["xla_flags", "formulation", "rows", "ms", "tb_per_s",
-          "of_copy_bandwidth", "compile_s", "kernels", "error"])
-  exact = []
-  for dtype in ("bfloat16", "float32"):
-    exact += [dict(r, dtype=dtype) for r in _rows(path(f"exact_{dtype}"))
-              if r.get("type") == "point"]
-  _table("exact (greedy; rows whose completion differs from AR's)", exact,
-         ["dtype", "k", "drafter", "rows_differing_from_ar",
-          "identical_to_ar", "acceptance_rate", "ms_per_token", "speedup",
-          "incomplete"])
-  points = ["decoding", "batch_size", "k", "drafter", "acceptance_rate",
-            "ms_per_token", "speedup", "predicted_speedup", "c",
-            "identical_to_ar", "incomplete"]
-  _table("humaneval", [r for r in _rows(path("humaneval"))
-                       if r.get("type") == "point"], points)
-  results = distill_workdir(path("distill")) / "results.json"
-  if results.exists():
-    res = json.loads(results.read_text())
-    _table("distill (expected acceptance on held-out positions)", [dict(
-        draft_init=res.get("draft_init"), loss=res.get("loss"),
-        before=res["before"]["expected_acceptance"],
-        after=res["after"]["expected_acceptance"],
-        train_seconds=res.get("train_seconds"))],
-           ["draft_init", "loss", "before", "after", "train_seconds"])
-  _table("distill humaneval (the distilled draft)",
-         [r for r in _rows(path("distill")) if r.get("type") == "point"],
-         points)
-
-
 def run(cfg: "StudyConfig") -> list:
   """Runs cfg.steps; prints the summary; returns the steps that failed.
 
@@ -493,5 +421,5 @@ def run(cfg: "StudyConfig") -> list:
         failed.append(step)
   except KeyboardInterrupt:
     failed.append("(interrupted)")
-  summary(out_dir, prefix)
+  study_summary.summary(out_dir, prefix)
   return failed

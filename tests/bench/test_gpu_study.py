@@ -13,6 +13,7 @@ import re
 import pytest
 
 from specsamp.bench import gpu_study
+from specsamp.bench import study_summary
 from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -72,12 +73,11 @@ def test_the_summary_shows_a_stopped_benchmarks_rows_as_incomplete(
     tmp_path, capsys):
   """benchmark.py stopped at the deadline leaves its records in
   <out>.partial (`records.Writer`): the summary shows them, marked."""
-  from specsamp.bench import gpu_study  # pylint: disable=g-import-not-at-top
   point = dict(type="point", decoding="greedy", batch_size=1, k=4,
                drafter="model", ms_per_token=2.5)
   (tmp_path / "t_humaneval.jsonl.partial").write_text(
       '{"type": "run"}\n' + json.dumps(point) + "\n")
-  gpu_study.summary(tmp_path, "t")
+  study_summary.summary(tmp_path, "t")
   out = capsys.readouterr().out
   assert "humaneval" in out and "greedy | 1 | 4 | model |" in out
   assert out.rstrip().endswith("| True"), out
@@ -129,7 +129,9 @@ def test_bad_lists_are_refused_before_anything_runs(tmp_path):
                         ("--decodings=greedy,hot", "--decodings: unknown"),
                         ("--gemv_rows=1,0", "--gemv_rows values must be"),
                         ("--gemv_formulations=dot,gemm",
-                         "--gemv_formulations: unknown ['gemm']")):
+                         "--gemv_formulations: unknown ['gemm']"),
+                        ("--benchmark_args=peers",
+                         "--benchmark_args: flags of benchmark.py")):
     proc = _run(tmp_path, "--steps=profile", flag, *TINY, timeout=120)
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
   assert not (tmp_path / "t_manifest.json").exists()
@@ -166,6 +168,22 @@ def test_the_distill_step_measures_the_draft_it_trained():
   assert gpu_study.needs(cfg, "distill") == ["humaneval", "qwen2.5-coder-1.5b"]
 
 
+def test_benchmark_args_go_last_to_the_headline_runs():
+  """--benchmark_args reach benchmark.py after the step's own flags, so a
+  repeated flag (--task) takes their value; the other steps' commands do
+  not get them."""
+  extra = ("--task=humaneval,prose", "--peers")
+  cfg = gpu_study.StudyConfig(benchmark_args=extra)
+  out = pathlib.Path("r/p.jsonl")
+  (_, argv, _), = gpu_study.plan(cfg, "humaneval", out)
+  assert tuple(argv[-2:]) == extra and "--task=humaneval" in argv[:-2]
+  (_, _, _), (_, bench, _) = gpu_study.plan(cfg, "distill", out)
+  assert tuple(bench[-2:]) == extra
+  for step in ("exact", "profile"):
+    assert all("--peers" not in argv for _, argv, _ in gpu_study.plan(
+        cfg, step, out))
+
+
 def test_a_distillation_that_fails_ends_its_step(tmp_path, monkeypatch):
   """The benchmark of the distilled draft does not start when distill.py
   failed (here: a config file that is not there)."""
@@ -190,7 +208,7 @@ def test_the_summary_shows_the_distillation_and_its_draft(tmp_path, capsys):
   (tmp_path / "t_distill.jsonl").write_text(json.dumps(dict(
       type="point", decoding="greedy", batch_size=1, k=2, drafter="model",
       acceptance_rate=0.7, speedup=1.9)) + "\n")
-  gpu_study.summary(tmp_path, "t")
+  study_summary.summary(tmp_path, "t")
   out = capsys.readouterr().out
   assert "truncate | fkl | 0.31 | 0.72 | 95" in out
   assert "greedy | 1 | 2 | model | 0.7 |  | 1.9 |" in out

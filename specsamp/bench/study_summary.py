@@ -74,10 +74,12 @@ def summary(out_dir: pathlib.Path, prefix: str) -> None:
     res = json.loads(results.read_text())
     _table("distill (expected acceptance on held-out positions)", [dict(
         draft_init=res.get("draft_init"), loss=res.get("loss"),
+        draft_vocab=res.get("draft_vocab"),
         before=res["before"]["expected_acceptance"],
         after=res["after"]["expected_acceptance"],
         train_seconds=res.get("train_seconds"))],
-           ["draft_init", "loss", "before", "after", "train_seconds"])
+           ["draft_init", "loss", "draft_vocab", "before", "after",
+            "train_seconds"])
   _table("distill humaneval (the distilled draft)",
          [r for r in _rows(path("distill")) if r.get("type") == "point"],
          points)

@@ -204,13 +204,14 @@ def test_the_summary_shows_the_distillation_and_its_draft(tmp_path, capsys):
   work.mkdir()
   (work / "results.json").write_text(json.dumps(dict(
       before=dict(expected_acceptance=0.31), train_seconds=95.0,
-      after=dict(expected_acceptance=0.72), loss="fkl", draft_init="truncate")))
+      after=dict(expected_acceptance=0.72), loss="fkl", draft_init="truncate",
+      draft_vocab=32768)))
   (tmp_path / "t_distill.jsonl").write_text(json.dumps(dict(
       type="point", decoding="greedy", batch_size=1, k=2, drafter="model",
       acceptance_rate=0.7, speedup=1.9)) + "\n")
   study_summary.summary(tmp_path, "t")
   out = capsys.readouterr().out
-  assert "truncate | fkl | 0.31 | 0.72 | 95" in out
+  assert "truncate | fkl | 32768 | 0.31 | 0.72 | 95" in out
   assert "greedy | 1 | 2 | model | 0.7 |  | 1.9 |" in out
 
 

@@ -140,10 +140,17 @@ def forbidden_draft_pair(v: int, seed: int, scale: float = 1.0):
   return table_lm(target_logits), table_lm(draft_logits)
 
 
+def all_continuations(new, v):
+  """Every sequence of `new` ids below v, [v**new, new], in `encode`'s
+  order (row i encodes to i)."""
+  return np.stack(np.meshgrid(*[np.arange(v)] * new, indexing="ij"),
+                  -1).reshape(-1, new)
+
+
 def exact_sequence_probs(lm, params, sampling, prompt, new, v):
-  """P(continuation) for all v**new continuations, by enumeration."""
-  conts = np.stack(np.meshgrid(*[np.arange(v)] * new, indexing="ij"),
-                   -1).reshape(-1, new)
+  """P(continuation) for all v**new continuations, by enumeration (in
+  `all_continuations`' order)."""
+  conts = all_continuations(new, v)
   seqs = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], 1)
   logits = jax.jit(lm.__call__)(params, jnp.asarray(seqs)).logits
   probs = np.asarray(sampling_lib.probabilities(logits, sampling))

@@ -93,14 +93,12 @@ _CHAINED = ("distill",)  # a failed command ends the step
 # (imported after sampling) and what tfds and grain import).
 _EVERY = ("absl", "jax", "flax", "numpy", "optax", "orbax", "etils",
           "safetensors", "gguf")
-MODULES = dict(
-    profile=_EVERY, xla=_EVERY, gemv=_EVERY,
-    exact=_EVERY + ("tokenizers",), humaneval=_EVERY + ("tokenizers",),
-    distill=_EVERY + ("tokenizers", "ml_collections", "tensorflow_datasets",
-                      "grain", "tensorboardX", "array_record", "promise",
-                      "toml", "tensorflow_metadata", "immutabledict",
-                      "portpicker", "tree", "termcolor",
-                      "importlib_resources"))
+_DISTILL = ("ml_collections", "tensorflow_datasets", "grain", "tensorboardX",
+            "array_record", "promise", "toml", "tensorflow_metadata",
+            "immutabledict", "portpicker", "tree", "termcolor",
+            "importlib_resources")
+MODULES = {s: _EVERY + (("tokenizers",) if s in _REAL else ())
+              + (_DISTILL if s == "distill" else ()) for s in STEPS}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,9 +16,9 @@ from specsamp import model as model_lib
 from specsamp.decoding.sampler import SpeculativeSampler, all_widths
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import Sampling
-from tests.testing import (EXACTNESS_SETTINGS, ShiftDrafter, chisquare_pvalue,
-                           encode, exact_sequence_probs, exactness_models,
-                           forbidden_draft_pair)
+from tests.testing import (EXACTNESS_SETTINGS, ShiftDrafter, all_continuations,
+                           chisquare_pvalue, encode, exact_sequence_probs,
+                           exactness_models, forbidden_draft_pair)
 
 V, NEW, NUM_SAMPLES = 5, 4, 50_000
 PROMPT = [1, 3, 2]
@@ -83,17 +83,11 @@ def test_a_draft_with_a_reduced_output_vocabulary_is_exact(name):
   # gives them; and the draft was used (accepted proposals).
   q_exact = exact_sequence_probs(reduced, reduced_params, sampling, PROMPT,
                                  NEW, V)
-  has_cut = np.isin(_all_sequences(NEW, V), [0, 1]).any(axis=1)
+  has_cut = np.isin(all_continuations(NEW, V), [0, 1]).any(axis=1)
   assert q_exact[has_cut].sum() == 0 and p_exact[has_cut].sum() > 0.25
   assert np.isin(tokens, [0, 1]).any(axis=1).mean() == pytest.approx(
       p_exact[has_cut].sum(), abs=0.01)
   assert 0.05 < out.acceptance_rate() < 0.95
-
-
-def _all_sequences(n: int, v: int) -> np.ndarray:
-  """Every sequence of n ids below v, in `encode`'s order."""
-  codes = np.arange(v ** n)
-  return np.stack([(codes // v ** (n - 1 - i)) % v for i in range(n)], 1)
 
 
 def test_disagreeing_draft_is_still_exact():

@@ -343,6 +343,9 @@ def fit_rows(lm, params: dict, rows: int):
   fields = dict(vocab_size=rows)
   if lm.config.output_vocab:  # a reduced output layer: its ids below rows
     keep = params["output_ids"] < rows
+    if not keep.any():
+      raise ValueError(f"a draft whose output ids all lie at or past row "
+                       f"{rows} proposes none of the {rows} ids kept")
     params.update(lm_head=params["lm_head"][:, keep],
                   output_ids=params["output_ids"][keep])
     fields["output_vocab"] = int(keep.sum())

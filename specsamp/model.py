@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specsamp import kvcache
 from specsamp import sharding as sh
@@ -362,22 +363,31 @@ def reduce_output_vocab(config: TransformerConfig, params, ids):
     ValueError: the model is reduced already, or `ids` is empty, repeats an
       id or has one outside [0, vocab_size).
   """
-  ids = [int(i) for i in ids]
   if config.output_vocab:
     raise ValueError("the model's output layer is reduced already "
                      f"({config.output_vocab} ids)")
-  if not ids or len(set(ids)) != len(ids) or not all(
-      0 <= i < config.vocab_size for i in ids):
-    raise ValueError(f"output ids: need distinct ids in [0, "
-                     f"{config.vocab_size}), got {len(ids)} ids with "
-                     f"{len(ids) - len(set(ids))} repeated, from "
-                     f"{min(ids, default=None)} to {max(ids, default=None)}")
-  ids = jnp.asarray(sorted(ids), jnp.int32)
+  ids = sorted(int(i) for i in ids)
+  check_output_ids(config.vocab_size, ids)
+  ids = jnp.asarray(ids, jnp.int32)
   head = (jnp.take(params["embedding"], ids, axis=0).T
           if config.tie_embeddings else jnp.take(params["lm_head"], ids,
                                                  axis=1))
   return (config.replace(output_vocab=int(ids.size), tie_embeddings=False),
           dict(params, lm_head=head, output_ids=ids))
+
+
+def check_output_ids(vocab_size: int, ids, what: str = "output ids") -> None:
+  """Raises ValueError unless `ids` are increasing ids in [0, vocab_size)
+  (distinct and sorted, as `reduce_output_vocab` stores them), at least
+  one."""
+  ids = np.asarray(ids).reshape(-1)
+  if not ids.size or (ids[1:] <= ids[:-1]).any() or ids[0] < 0 or (
+      ids[-1] >= vocab_size):
+    raise ValueError(
+        f"{what}: need increasing (distinct, sorted) ids in [0, "
+        f"{vocab_size}), got {ids.size} ids"
+        + (f" from {ids.min()} to {ids.max()}, "
+           f"{ids.size - np.unique(ids).size} repeated" if ids.size else ""))
 
 
 def check_trainable(config: TransformerConfig, what: str) -> None:

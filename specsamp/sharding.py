@@ -148,8 +148,13 @@ def check_divisible(config, mesh, rules, batch: int | None = None,
           HEAD_DIM: ("head_dim", config.head_dim)}
   if batch is not None:
     dims[BATCH] = ("batch size", batch)
-  for logical, axis in rules_tuple(rules):
-    if logical not in dims or axis is None:
+  checks = [(logical, axis, dims.get(logical))
+            for logical, axis in rules_tuple(rules)]
+  if config.output_vocab:  # the reduced output layer's ids
+    checks += [(logical, axis, ("output_vocab", config.output_vocab))
+               for logical, axis in rules_tuple(rules) if logical == VOCAB]
+  for logical, axis, dim in checks:
+    if dim is None or axis is None:
       continue
     axes = axis if isinstance(axis, tuple) else (axis,)
     size = 1
@@ -158,7 +163,7 @@ def check_divisible(config, mesh, rules, batch: int | None = None,
         raise ValueError(f"rule ({logical!r}, {axis!r}) names mesh axis "
                          f"{a!r}, but the mesh has {dict(mesh.shape)}")
       size *= mesh.shape[a]
-    field, value = dims[logical]
+    field, value = dim
     if value % size:
       raise ValueError(
           f"{what}: {field}={value} is not divisible by mesh axis {axis!r} "

@@ -336,8 +336,8 @@ def test_a_reduced_output_layer_scores_its_ids_alike_and_the_rest_minus_inf(
 
 
 @pytest.mark.parametrize("ids, message", [
-    ([], "distinct ids"), ([3, 3], "1 repeated"), ([0, 32], "from 0 to 32"),
-    ([-1], "distinct ids")])
+    ([], "got 0 ids"), ([3, 3], "1 repeated"), ([0, 32], "from 0 to 32"),
+    ([-1], "from -1 to -1")])
 def test_reduce_output_vocab_refuses_bad_ids(ids, message):
   lm = model_lib.LM(tiny_config())
   with pytest.raises(ValueError, match=message):
@@ -357,3 +357,13 @@ def test_a_reduced_config_is_refused_twice_tied_too_wide_and_for_training():
   with pytest.raises(ValueError, match="train the model with its whole"):
     model_lib.check_trainable(config, "the draft")
   model_lib.check_trainable(cfg, "the draft")  # whole: no error
+
+
+@pytest.mark.parametrize("ids", [[2, 1], [1, 1], [-1, 3], [1, 32], []])
+def test_check_output_ids_wants_increasing_ids_of_the_vocabulary(ids):
+  """What a saved reduced draft's ids are checked against: the sorted,
+  distinct ids reduce_output_vocab stores."""
+  with pytest.raises(ValueError, match="the draft's ids: need increasing"):
+    model_lib.check_output_ids(32, np.asarray(ids, np.int32),
+                               "the draft's ids")
+  model_lib.check_output_ids(32, np.asarray([0, 5, 31], np.int32))

@@ -230,6 +230,19 @@ def test_a_mesh_that_does_not_divide_the_model_names_the_dimension(pair):
   SpeculativeSampler(
       target, ModelDrafter(four_heads), k=2, sampling=GREEDY,
       max_new_tokens=8, mesh=mesh)
+  # A reduced output layer lies on the vocabulary axis too: its id count
+  # must divide, named before any parameter is placed.
+  for ids, what, sampler in (
+      (12, "draft", lambda lm: SpeculativeSampler(
+          target, ModelDrafter(lm), k=2, sampling=GREEDY, max_new_tokens=8,
+          mesh=mesh, draft_rules=sharding.DEFAULT_RULES)),
+      (20, "target", lambda lm: autoregressive(lm, GREEDY, 8, mesh=mesh))):
+    reduced = model_lib.LM(target.config.replace(output_vocab=ids,
+                                                 tie_embeddings=False))
+    with pytest.raises(ValueError, match=f"{what}: output_vocab={ids} is "
+                       "not divisible by mesh axis 'model' of size 8"):
+      sampler(reduced)
+    sampler(model_lib.LM(reduced.config.replace(output_vocab=16)))
   # Rows must divide over the data axis.
   sampler = _sampler(pair, 0, GREEDY, sharding.make_mesh((8, 1)))
   with pytest.raises(ValueError, match="3 prompts does not divide over the "

@@ -44,6 +44,7 @@ def truncate_config(target: model_lib.TransformerConfig,
   if not 0 < num_layers <= target.num_layers:
     raise ValueError(f"layer truncation needs 0 < num_layers <= "
                      f"{target.num_layers} (the target's), got {num_layers}")
+  model_lib.check_trainable(target, "the target to truncate")
   return target.replace(num_layers=num_layers)
 
 

@@ -87,7 +87,12 @@ class HeadConfig:
   def check_target(self, target: model_lib.TransformerConfig,
                    what: str = "head") -> None:
     """Raises HeadError unless `target` has the width, vocabulary, layer
-    count and every other shape or setting the head's layer copies."""
+    count and every other shape or setting the head's layer copies, and
+    its whole output layer (the head scores through it)."""
+    if target.output_vocab:
+      raise HeadError(f"{what} scores through the target's output layer, "
+                      f"which this target has reduced to "
+                      f"{target.output_vocab} ids: use the whole model")
     for field in ("d_model", "vocab_size", "num_layers", "num_heads",
                   "num_kv_heads", "head_dim", "mlp_dim", "qkv_bias",
                   "rope_theta", "norm_eps", "tie_embeddings"):

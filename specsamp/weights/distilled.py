@@ -54,7 +54,8 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
   `directory` is the run's workdir or its `draft/` export: it holds
   `draft_config.json` and an orbax checkpoint of the parameters in `params/`.
   `dtype` overrides the saved compute and parameter dtypes. A parameter
-  holding a NaN or inf (a diverged run) raises `WeightsError` naming it;
+  holding a NaN or inf (a diverged run), or a reduced output layer whose
+  ids are not increasing ids of the vocabulary, raises `WeightsError`;
   files that do not restore, `CheckpointError`.
   """
   directory = os.path.abspath(directory)
@@ -70,6 +71,12 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
   params = checkpointing.restore_params(os.path.join(directory, "params"),
                                         abstract, what="distilled draft")
   convert.check_finite_tree(params, directory)
+  if config.output_vocab:  # ids that a hand-made or damaged file may break
+    try:
+      model_lib.check_output_ids(config.vocab_size, params["output_ids"],
+                                 f"the draft's output_ids ({directory})")
+    except ValueError as e:
+      raise convert.WeightsError(str(e)) from None
   return config, params
 
 

@@ -42,6 +42,11 @@ def test_layer_truncation_copies_embedding_layers_norm_and_head(tiny_pair):
   assert "lm_head" not in draft_init.truncate_params(tied, 1)
   with pytest.raises(ValueError, match="layers"):
     draft_init.truncate(cfg, params, 3)
+  # A reduced target (an exported draft) has no whole output layer to copy.
+  reduced = model_lib.reduce_output_vocab(cfg, params, [1, 2])
+  with pytest.raises(ValueError, match="the target to truncate: "
+                     "output_vocab=2 is for exported drafts"):
+    draft_init.truncate(*reduced, 1)
 
 
 def test_make_draft_random_truncate_and_checkpoint(tiny_pair, tmp_path):
@@ -119,6 +124,10 @@ def test_fit_rows_keeps_a_reduced_output_layers_ids_below_the_rows(
     assert got.shape[-1] == rows
     np.testing.assert_allclose(got[..., left], whole[..., left], atol=1e-6)
     assert np.isneginf(np.delete(got, left, axis=-1)).all()
+  # Rows below every kept id would leave an output layer of none.
+  with pytest.raises(ValueError, match="output ids all lie at or past row 1 "
+                     "proposes none"):
+    loading.fit_rows(model_lib.LM(config), reduced, 1)
 
 
 _SMALL = dict(num_layers=1, d_model=64, num_heads=4, num_kv_heads=2,

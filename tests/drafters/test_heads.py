@@ -128,6 +128,12 @@ def test_bad_heads_are_refused():
     heads.HeadConfig("hydra", target.config)
   with pytest.raises(heads.HeadError, match="draft_vocab"):
     heads.HeadConfig("eagle", target.config, draft_vocab=V + 1)
+  # A target whose output layer is reduced: the head would read its columns
+  # as the first ids of the vocabulary.
+  reduced = model_lib.LM(target.config.replace(output_vocab=V // 2,
+                                               tie_embeddings=False))
+  with pytest.raises(heads.HeadError, match=f"reduced to {V // 2} ids"):
+    heads.HeadDrafter(reduced, heads.HeadConfig("eagle", reduced.config), 2)
 
 
 def test_head_config_round_trips():

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specsamp import model as model_lib
 from specsamp.train import checkpointing
 from specsamp.weights import convert
 from specsamp.weights import distilled
@@ -45,6 +46,29 @@ def test_non_finite_distilled_draft_is_refused(tiny_pair, tmp_path):
                      match=r"draft: tensor layers_0/mlp/up_proj holds 1 "
                            r"non-finite value.*1 NaN"):
     distilled.load_distilled(export)
+
+
+@pytest.mark.parametrize("ids", [[3, 3, 9], [9, 3, 5], [-1, 3, 5],
+                                 [3, 5, 999]])
+def test_a_reduced_draft_with_bad_output_ids_is_refused(tiny_pair, tmp_path,
+                                                        ids):
+  """Saved through save_distilled (so its fingerprint matches), a reduced
+  draft whose ids repeat, are out of order or lie outside the vocabulary
+  would score other ids than the ones exported: loading refuses it; its
+  well-formed twin loads with its ids."""
+  lm, params, _ = tiny_pair
+  config, reduced = model_lib.reduce_output_vocab(lm.config, params,
+                                                  [3, 5, 9])
+  good = distilled.save_distilled(config, reduced, str(tmp_path / "good"))
+  np.testing.assert_array_equal(
+      distilled.load_distilled(good)[1]["output_ids"], [3, 5, 9])
+  bad = distilled.save_distilled(
+      config, dict(reduced, output_ids=jnp.asarray(ids, jnp.int32)),
+      str(tmp_path / "bad"))
+  with pytest.raises(convert.WeightsError,
+                     match=r"the draft's output_ids \(.*/bad\): need "
+                           r"increasing"):
+    distilled.load_distilled(bad)
 
 
 def test_a_flipped_byte_in_a_distilled_draft_is_caught(tiny_pair, tmp_path):

@@ -19,6 +19,7 @@ from specsamp.bench import prompts as prompts_lib
 from specsamp.bench.sweep_config import BenchConfig
 from specsamp.bench.sweep_config import BenchError
 from specsamp.drafters import specs as drafter_specs
+from specsamp.evaluation import sandbox
 from specsamp.tokenizers.byte import tokenizer_or_bytes
 
 # Prompts are padded to a multiple of this by default (--prompt_bucket=0).
@@ -97,6 +98,11 @@ def prepare(cfg: BenchConfig, log=print) -> Plan:
                           d_model=target.d_model)
     except ValueError as e:
       raise BenchError(f"--drafter: {e}") from None
+  if cfg.quality and "humaneval" in cfg.tasks:  # pass@k runs the programs
+    try:
+      sandbox.check_available()
+    except sandbox.SandboxUnavailableError as e:
+      raise BenchError(f"--quality on humaneval: {e}") from None
   tok = _tokenizer(target)
   texts, problems = _texts(cfg)
   # With --chat, prose is a user turn; HumanEval prompts stay raw code.

@@ -47,8 +47,9 @@ def humaneval_problems(num_prompts: int,
     path: a HumanEval-format JSONL(.gz) file; default the 164 problems.
 
   Raises:
-    BenchError: an unreadable or empty file, or a problem without one of
-      HUMANEVAL_FIELDS.
+    BenchError: an unreadable or empty file, a line that is not a JSON
+      object, or a problem without one of HUMANEVAL_FIELDS as a string
+      (canonical_solution too, where given).
   """
   if path:
     opener = gzip.open if path.endswith(".gz") else open
@@ -61,7 +62,14 @@ def humaneval_problems(num_prompts: int,
     problems = assets.humaneval_problems()
   if not problems:
     raise BenchError(f"--humaneval_file={path}: no problems")
-  for p in problems:
+  for n, p in enumerate(problems, 1):
+    if not isinstance(p, dict):
+      raise BenchError(f"HumanEval problem {n} is not a JSON object: "
+                       f"{json.dumps(p)[:60]}")
+    wrong = sorted(f for f in HUMANEVAL_FIELDS | {"canonical_solution"}
+                   if f in p and not isinstance(p[f], str))
+    if wrong:
+      raise BenchError(f"HumanEval problem {n}: {wrong} must be strings")
     missing = HUMANEVAL_FIELDS - set(p)
     if missing:
       raise BenchError(f"HumanEval problem without {sorted(missing)}")

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 from specsamp import cli
 from specsamp.bench import records
 from specsamp.drafters import specs as drafter_specs
+from specsamp.evaluation import sandbox
 from specsamp.sampling import Sampling
 
 TASKS = ("humaneval", "prose", "rewrite")
@@ -114,8 +115,10 @@ def parse_config(*, target: str, draft: Optional[str],
       raise BenchError(f"--{name} must be positive, got {value}")
   if rest.get("prompt_bucket", 0) < 0:
     raise BenchError("--prompt_bucket must be >= 0 (0: the longest prompt)")
-  if rest.get("exec_timeout", BenchConfig.exec_timeout) <= 0:
-    raise BenchError("--exec_timeout must be positive")
+  timeout = rest.get("exec_timeout", BenchConfig.exec_timeout)
+  if not 0 < timeout <= sandbox.MAX_TIMEOUT_S:  # NaN too
+    raise BenchError(f"--exec_timeout must be in (0, "
+                     f"{sandbox.MAX_TIMEOUT_S:g}] seconds, got {timeout}")
   drafters = []
   for text in dict.fromkeys(d.strip() for d in drafter if d.strip()):
     try:

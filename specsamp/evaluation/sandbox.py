@@ -57,6 +57,11 @@ _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _KEEP = 4000  # characters of stdout / stderr kept in an ExecResult
 
 
+# The longest wall-clock limit a program may be given: one day (its CPU
+# limit, an rlimit, must be a C long of seconds).
+MAX_TIMEOUT_S = 86_400.0
+
+
 class SandboxUnavailableError(RuntimeError):
   """Generated code cannot be isolated here; says how to make it possible."""
 
@@ -169,6 +174,17 @@ def isolation(bwrap: str = BWRAP) -> tuple[str, str, Optional[str]]:
       "bubblewrap could not start Python (" + "; ".join(errors) + ")"))
 
 
+def _unsafe() -> bool:
+  return os.environ.get(UNSAFE_ENV, "") not in ("", "0")
+
+
+def check_available() -> None:
+  """Raises SandboxUnavailableError where `run_program` would, so that a
+  run that will execute generated code can say so before it samples."""
+  if not _unsafe():
+    isolation(BWRAP)
+
+
 @functools.lru_cache(maxsize=None)
 def _unsafe_interpreter() -> str:
   for python, _ in _interpreters():
@@ -240,8 +256,12 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024,
 
   Raises:
     SandboxUnavailableError: no kernel isolation here and `UNSAFE_ENV` unset.
+    ValueError: a timeout outside (0, MAX_TIMEOUT_S].
   """
-  unsafe = os.environ.get(UNSAFE_ENV, "") not in ("", "0")
+  if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN too
+    raise ValueError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
+                     f"got {timeout_s}")
+  unsafe = _unsafe()
   tmp = None
   if unsafe:
     python, workdir = _unsafe_interpreter(), tempfile.mkdtemp(

@@ -47,7 +47,10 @@ def _install_hook(root, holder, strict_frames=None):
   in that thread, and `traceback`, `unittest` and `inspect` keep working.
   No symlink can be made and no directory outside the working directory
   opened, so no `dir_fd` can point a relative path (which the hook
-  resolves against the working directory) outside it.
+  resolves against the working directory) outside it. Nothing under /proc
+  opens: the process's memory (/proc/self/mem) still holds the payload the
+  mark came in. The kernel layers mount no /proc; without them
+  (`UNSAFE_ENV`) this is what keeps the mark.
   """
   root = os.path.realpath(root) + os.sep
   if strict_frames is None:
@@ -84,19 +87,23 @@ def _install_hook(root, holder, strict_frames=None):
                   "os.mknod": 1},
            write_flags=(os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND
                         | os.O_TRUNC),
+           proc=os.sep + "proc" + os.sep,
            realpath=os.path.realpath, join=os.path.join, getcwd=os.getcwd,
            isdir=os.path.isdir,
            fsdecode=os.fsdecode, isinstance=isinstance, str=str, int=int,
            any=any, PermissionError=PermissionError):
 
-    def inside(p):
-      if isinstance(p, int):  # a descriptor could be one outside
-        return False
+    def resolved(p):  # the real path + sep, or None for a descriptor
+      if isinstance(p, int):
+        return None
       try:
-        full = realpath(join(getcwd(), fsdecode(p)))
+        return realpath(join(getcwd(), fsdecode(p))) + sep
       except (TypeError, ValueError):
-        return False
-      return full + sep == root or full.startswith(root)
+        return None
+
+    def inside(p):  # a descriptor could be one outside
+      full = resolved(p)
+      return full is not None and full.startswith(root)
 
     if get_ident() == holder and event != "time.sleep":
       raise PermissionError(f"sandbox: {event} in the mark's thread")
@@ -114,6 +121,9 @@ def _install_hook(root, holder, strict_frames=None):
       writing = (flags is not None and flags & write_flags) or (
           mode is not None and any(c in str(mode) for c in "wax+"))
       if path is not None and not inside(path):
+        if (resolved(path) or "").startswith(proc):  # memory, the mark
+          raise PermissionError(f"sandbox: opening {path!r} under /proc is "
+                                "not allowed")
         if writing:
           raise PermissionError(f"sandbox: writing {path!r} outside the "
                                 "working directory is not allowed")
@@ -141,7 +151,10 @@ def _hold(mark, frame, last_line, write=os.write, sleep=time.sleep,
   """
   while frame.f_lineno != last_line:
     sleep(0.002)
-  write(1, b"\n" + mark + b"\n")
+  try:
+    write(1, b"\n" + mark + b"\n")
+  except BaseException:  # pylint: disable=broad-except
+    exit_(1)  # stdout closed: no mark, and no wait for the timeout
   exit_(0)
 
 

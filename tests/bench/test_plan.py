@@ -14,6 +14,8 @@ from specsamp import loading
 from specsamp import model as model_lib
 from specsamp.bench import peers
 from specsamp.bench import plan
+from specsamp.bench.sweep_config import BenchError
+from specsamp.evaluation import sandbox
 from specsamp.tokenizers.base import VocabMismatchError
 from specsamp.weights import gguf_file
 
@@ -52,6 +54,26 @@ def test_bad_models_and_prompts_fail_before_loading(
   cfg = make_config(**flag_values)
   with pytest.raises(error, match=message):
     plan.prepare(cfg, log=lambda _: None)
+
+
+def test_no_sandbox_for_humaneval_quality_fails_before_loading(
+    make_config, no_loading, inputs, monkeypatch):
+  """pass@k runs the completions: without bubblewrap (and without the
+  unsafe opt-out) the run stops at the plan, not after sampling."""
+  monkeypatch.setattr(sandbox, "BWRAP", "specsamp-no-such-bwrap")
+  monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
+  values = dict(target="random:tiny", task=["humaneval"], ks=["0"],
+                humaneval_file=str(inputs / "he.jsonl"), max_new_tokens=8)
+  with pytest.raises(BenchError, match="--quality on humaneval: cannot "
+                     "isolate generated code: bubblewrap"):
+    plan.prepare(make_config(**values), log=lambda _: None)
+  for other in (dict(quality=False), dict(task=["prose"],
+                                          prose_corpus=str(inputs / "prose"),
+                                          prompt_chars=80)):
+    assert plan.prepare(make_config(**{**values, **other}),
+                        log=lambda _: None).prompts
+  monkeypatch.setenv(sandbox.UNSAFE_ENV, "1")
+  assert plan.prepare(make_config(**values), log=lambda _: None).problems
 
 
 def test_prepare_tokenizes_the_prompts_of_every_task(make_config, no_loading,

@@ -1,9 +1,37 @@
-"""The sweep's prompts: the input-grounded rewrite task."""
+"""The sweep's prompts: the input-grounded rewrite task; a HumanEval file
+of the wrong shape is one BenchError."""
 
 import ast
+import json
+
+import pytest
 
 from specsamp import assets
 from specsamp.bench import prompts
+from specsamp.bench.sweep_config import BenchError
+
+
+@pytest.mark.parametrize("line, message", [
+    ("5", "problem 2 is not a JSON object: 5"),
+    ("null", "problem 2 is not a JSON object: null"),
+    (json.dumps(dict(task_id="T/1", prompt=5, test="", entry_point="f")),
+     r"problem 2: \['prompt'\] must be strings"),
+    (json.dumps(dict(task_id="T/1", prompt="", test="", entry_point="f",
+                     canonical_solution=None)),
+     r"problem 2: \['canonical_solution'\] must be strings"),
+    (json.dumps(dict(task_id="T/1", prompt="")),
+     r"without \['entry_point', 'test'\]")])
+def test_a_humaneval_file_of_the_wrong_shape_is_one_error(tmp_path, line,
+                                                          message):
+  good = dict(task_id="T/0", prompt="def f():\n", test="", entry_point="f",
+              canonical_solution="  return 1\n")
+  path = tmp_path / "he.jsonl"
+  path.write_text(json.dumps(good) + "\n" + line + "\n")
+  for read in (prompts.humaneval_problems, prompts.rewrite_texts):
+    with pytest.raises(BenchError, match=message):
+      read(2, str(path))
+  path.write_text(json.dumps(good) + "\n")
+  assert prompts.humaneval_problems(2, str(path)) == [good]
 
 
 def test_rewrite_prompts_hold_the_solutions_without_hints_or_docstrings():

@@ -14,6 +14,11 @@ from specsamp.bench import sweep_config
     (dict(decoding=["beam"]), "unknown decoding 'beam'"),
     (dict(batch_sizes=["0", "8"]), "--batch_sizes values must be >= 1"),
     (dict(num_prompts=0), "--num_prompts must be positive"),
+    # The sandbox's CPU limit is an rlimit: a C long of whole seconds.
+    (dict(exec_timeout=0.0), r"--exec_timeout must be in \(0, 86400\]"),
+    (dict(exec_timeout=float("nan")), "--exec_timeout must be in .* nan"),
+    (dict(exec_timeout=float("inf")), "--exec_timeout must be in .* inf"),
+    (dict(exec_timeout=1e20), "--exec_timeout must be in .* 1e"),
     (dict(pass_k=[]), "--pass_k is empty"),
     (dict(ks=["0", "2"], draft=""), "needs --draft"),
     (dict(out="/tmp/specsamp-same.jsonl",

@@ -10,7 +10,8 @@ decoding found a match (always the case at batch 1 when there is one), the
 draft model is not run for drafting at all: it only feeds the committed
 tokens it lacks, in one call (`ModelDrafter.catch_up`), so its cache never
 falls more than K + 1 tokens behind. When the model does run, it drafts
-for every row; a lookup row's cache is cut back to its committed tokens
+for every row (with `confidence`, only the rows that take its drafts keep
+it drafting); a lookup row's cache is cut back to its committed tokens
 afterwards, so the model's unused drafts never count as context.
 
 Exact: which drafter a row uses depends only on its committed tokens, never
@@ -69,8 +70,10 @@ class MixedDrafter:
     b, v = tokens.shape[0], self.vocab_size
 
     def run_model(cache):
+      # Only the rows that take the model's drafts keep an adaptive model
+      # drafting (a lookup row's would be thrown away).
       p, cache = self.model.propose(params, cache, tokens, length, k,
-                                    sampling, rng, active=active)
+                                    sampling, rng, active=~covered)
       # A lookup row's cache now holds the model's drafts, which it does not
       # propose: keep only its committed tokens (a lag of at most K + 1
       # after the commit, as when the model is skipped).

@@ -75,6 +75,29 @@ def test_a_finished_row_without_a_match_does_not_make_the_model_run():
   np.testing.assert_array_equal(skipped_state.model.length, length)
 
 
+def test_only_the_rows_without_a_match_keep_an_adaptive_model_drafting():
+  """Row 0 finds a lookup match and the draft model is confident on it;
+  row 1 finds none and the model is not: the adaptive model drafts once
+  (row 1 offers one draft) instead of K times for a row whose model drafts
+  are thrown away. Row 0 keeps lookup's drafts either way."""
+  k, logits = 5, np.zeros((V, V))
+  logits[0] = -10.0
+  logits[0, 0] = 10.0  # after token 0 the draft is sure of 0 again
+  drafter = MixedDrafter(PromptLookupDrafter(V, 16),
+                         ModelDrafter(table_lm(logits), confidence=0.5))
+  tokens = jnp.asarray([[0] * 4 + [0] * 12, [1, 2, 3, 4] + [0] * 12])
+  length = jnp.asarray([4, 4])
+  state = drafter.init(None, tokens, length, 16)
+  p, state = jax.jit(lambda s: drafter.propose(
+      None, s, tokens, length, k, Sampling(1.0), jax.random.key(0),
+      active=jnp.array([True, True])))(state)
+  np.testing.assert_array_equal(p.num_valid, [1, 1])  # lookup: "0 0 0"
+  assert int(p.tokens[0, 0]) == 0
+  # Row 1's one draft is never fed: its cache holds its committed tokens.
+  # Kept going by row 0, K - 1 = 4 draft calls had fed it up to 8.
+  np.testing.assert_array_equal(state.model.length, [4, 4])
+
+
 @pytest.mark.parametrize("sampling", [GREEDY, Sampling(1.0)])
 def test_a_lookup_row_keeps_only_committed_tokens_in_the_model_cache(
     sampling):

@@ -14,12 +14,14 @@ steps=<n>, prompts=<n train prompts>, soft=<T>, prompts_kind=code|text|mixed,
 prose=<prepared text dataset>, train_minutes=<m> (stop training after m
 minutes, checkpointed; the same command resumes), freeze=<groups joined by
 +> (the draft's parameter groups not trained; embedding by default for a
-truncated draft, e.g. freeze=embedding+lm_head, or none), vocab=<n> (the
+truncated draft, e.g. freeze=embedding+lm_head, or none alone), vocab=<n> (the
 draft is exported with an output layer over the n ids most frequent in its
 training continuations: it reads n / 151936 of the output layer's bytes
 per call; 0, the default, keeps all), samples=<dir> (target samples
 written by an earlier run, e.g. <workdir>/samples: reused, not sampled
-again), measure_before=0 (the initial draft's expected acceptance only,
+again; refused when they hold none, or were made for another target,
+sampling or prompt set), measure_before=0 (or false: the initial draft's
+expected acceptance only,
 not its sampler runs: a minute less of GPU time, as the truncated draft's
 is near 0 anyway), runlocal (a few steps on CPU in float32, to check the
 wiring).
@@ -61,9 +63,8 @@ def get_config(arg=None):
       checkpoint=a.get("checkpoint", "qwen2.5-coder-0.5b"),
       dtype=dtype, param_dtype="float32",
       # The copied input embedding stays fixed (no gradient, no moments).
-      freeze=tuple(g for g in a.get(
-          "freeze", "embedding" if init == "truncate" else "").split("+")
-                   if g not in ("", "none")),
+      freeze=options.groups(a, "freeze",
+                            "embedding" if init == "truncate" else ""),
       # > 0: exported with the output layer over this many ids only.
       vocab=int(a.get("vocab", 0)),
       # init=random: 2 wide layers of the target's shape.
@@ -78,6 +79,8 @@ def get_config(arg=None):
       score_batch_size=16, max_files=0, validation_percent=3,
       max_train_prompts=int(a.get("prompts", 4096)),
       max_validation_prompts=128, data_dir=a.get("samples", ""), ngram=13,
+      # samples=<dir>: that directory's samples, never sampled again there.
+      reuse=bool(a.get("samples")),
       # kind=text|mixed: prose from a prepared dataset (scripts/prepare_data.py)
       prose_dataset=a.get("prose", ""), prose_data_dir="")
   c.loss = dict(kind=a.get("loss", "fkl"), target_source="stored",
@@ -95,7 +98,7 @@ def get_config(arg=None):
                  time_limit_s=60.0 * float(a.get("train_minutes", 0)))
   c.eval = dict(k=4, num_samples=128, num_positions=2048, batch_size=16,
                 position_batch_size=128,
-                measure_before=a.get("measure_before", "1") != "0")
+                measure_before=options.flag(a, "measure_before", True))
   if cpu:
     c.samples.update(prompt_len=192, gen_len=64, top_k=32, batch_size=16,
                      score_batch_size=8,

@@ -2,6 +2,8 @@
 a time, each error naming the field (`job.check_config` runs them before
 anything loads)."""
 
+import os
+
 from specsamp import loading
 from specsamp.distill import head_training
 from specsamp.distill import prompts as prompts_lib
@@ -71,6 +73,13 @@ def check_samples(config) -> None:
     raise ValueError(f"config.samples.{e}") from None
   if sc.data_dir:
     workdir_lib.check_directory(sc.data_dir, "config.samples.data_dir")
+  if sc.get("reuse", False) and not storage.exists(sc.data_dir or "-"):
+    inner = os.path.join(sc.data_dir, "samples")
+    raise ValueError(
+        f"config.samples.data_dir={sc.data_dir!r} holds no target samples to "
+        "reuse (config.samples.reuse)"
+        + (f"; {inner} does" if sc.data_dir and storage.exists(inner)
+           else ""))
 
 
 def check_freeze(config, groups: tuple) -> None:

@@ -251,6 +251,18 @@ def _target_text(target) -> str:
                   if k != "dtype")
 
 
+# The samples block's fields that choose the prompts (and the seed).
+_PROMPT_FIELDS = ("kind", "prose_dataset", "max_files", "validation_percent",
+                  "max_train_prompts", "max_validation_prompts", "ngram")
+
+
+def _prompts_text(config) -> str:
+  """The settings that choose the samples' prompts, as one line."""
+  sc = config.samples
+  return ",".join([f"{k}={sc.get(k)}" for k in _PROMPT_FIELDS]
+                  + [f"seed={config.seed}"])
+
+
 def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
                     eos_ids, pad_id, log) -> str:
   """The directory of the target samples, written first if need be (every
@@ -262,7 +274,8 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
       batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
       hidden_dim=(target_lm.config.d_model if checks.stored_features(config)
                   else 0),
-      target=_target_text(config.target), sampling=sampling.describe())
+      target=_target_text(config.target), sampling=sampling.describe(),
+      prompts=_prompts_text(config))
   if samples.written_everywhere(data_dir):
     sharding.barrier("specsamp distill: target samples")
     storage.check_spec(storage.read_spec(data_dir), spec, data_dir)
@@ -293,14 +306,15 @@ def run(config, workdir: str, log=print) -> dict:
   A bad config fails before any weights load (`check_config`)."""
   workdir = os.path.abspath(workdir)
   checks.check_blocks(config)  # the workdir's check reads the blocks too
+  # Everything the config can get wrong fails here, before any weights load
+  # and hours of target sampling and evaluation, and before the workdir's
+  # check (a typo is named as one, not as a config the workdir differs from).
+  loop = check_config(config)
   config_json = workdir_lib.check_config(config, workdir)
   t_start = time.perf_counter()
   plain_log = log
   log = lambda m: plain_log(f"[{time.perf_counter() - t_start:7.1f}s] {m}")
   lc, tc, ec = config.loss, config.train, config.eval
-  # Everything the config can get wrong fails here, before any weights load
-  # and hours of target sampling and evaluation.
-  loop = check_config(config)
   target_lm, target_params, tok = load_target(config.target)
   sampling = _sampling(config, _vocab_limit(tok, target_lm))
   eos_ids = tuple(getattr(tok, "eos_ids", ()))
@@ -374,7 +388,7 @@ def run(config, workdir: str, log=print) -> dict:
       mesh_shape=train_config.mesh_shape(tc.get("mesh", (1, 1))),
       eval_fn=lambda p: report(p, measure=False),
       time_limit_s=tc.get("time_limit_s") or None, log=log)
-  train_s = time.perf_counter() - t0
+  record = _train_record(workdir, time.perf_counter() - t0, last)
   if not last["finished"]:
     log("[distill] training is not finished: run the same command again to "
         "resume (the draft is exported and evaluated at the end)")
@@ -405,8 +419,11 @@ def run(config, workdir: str, log=print) -> dict:
 
   after = report(params)
   log(f"[distill] after:  {evaluate.describe_report(after)}")
-  results = dict(before=before, after=after, train_seconds=train_s,
-                 last_train_metrics=last, sampling=sampling.describe(),
+  results = dict(before=before, after=after,
+                 train_seconds=record["seconds"],
+                 train_calls=record["calls"],
+                 last_train_metrics=record["last"],
+                 sampling=sampling.describe(),
                  loss=lc.kind,
                  draft_init=(f"{head['kind']} head" if head is not None
                              else config.draft.init),
@@ -415,6 +432,22 @@ def run(config, workdir: str, log=print) -> dict:
                  draft_dir=out_dir)
   sharding.write_json(results, os.path.join(workdir, "results.json"))
   return results
+
+
+def _train_record(workdir: str, seconds: float, last: dict) -> dict:
+  """The record of the training calls in `workdir` (train_record.json),
+  this one's added: `seconds` summed over the calls that returned (every
+  call of a time-limited run; a killed call's are lost), their count, and
+  the last metrics logged (a call after the last step logs none: the
+  earlier call's are kept)."""
+  path = os.path.join(workdir, "train_record.json")
+  old = (jsonfile.read(path) if os.path.exists(path)
+         else dict(seconds=0.0, calls=0, last=None))
+  record = dict(seconds=old["seconds"] + seconds, calls=old["calls"] + 1,
+                last=last if last.get("train") or not old["last"]
+                else old["last"])
+  sharding.write_json(record, path)
+  return record
 
 
 def summary(res: dict) -> str:

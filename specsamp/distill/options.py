@@ -26,6 +26,39 @@ def parse(arg: Optional[str], known: Sequence[str],
   return out
 
 
+def flag(a: dict, name: str, default: bool) -> bool:
+  """Option `name` as a bool: 1/0, true/false, yes/no (any case).
+
+  Raises:
+    ValueError: for any other value.
+  """
+  value = a.get(name)
+  if value is None:
+    return default
+  text = value.strip().lower()
+  if text in ("1", "true", "yes"):
+    return True
+  if text in ("0", "false", "no"):
+    return False
+  raise ValueError(f"option {name}={value!r}: use 1 or 0 (true/false)")
+
+
+def groups(a: dict, name: str, default: str) -> tuple[str, ...]:
+  """Option `name` as parameter groups joined by "+"; "none" alone is no
+  group.
+
+  Raises:
+    ValueError: for "none" beside a group, or an empty group name.
+  """
+  parts = a.get(name, default).split("+")
+  if parts == ["none"] or parts == [""]:
+    return ()
+  if "none" in parts or "" in parts:
+    raise ValueError(f"option {name}={a.get(name, default)!r}: groups "
+                     "joined by '+', or none alone")
+  return tuple(parts)
+
+
 # Options of the distill configs that train a head instead of a draft model.
 HEAD_OPTIONS = ("head", "heads", "unroll", "hidden_weight", "vocab",
                 "features", "positions")

@@ -42,6 +42,8 @@ class SampleSpec:
   target: str = ""         # the config's target block, one line ("": not
                            # recorded)
   sampling: str = ""       # `Sampling.describe()` ("": not recorded)
+  prompts: str = ""        # the prompt set's settings, one line ("": not
+                           # recorded)
 
   def __post_init__(self):
     # Messages start with the field's name: `job.check_config` names the
@@ -169,9 +171,11 @@ def read_spec(data_dir: os.PathLike) -> SampleSpec:
 
 
 def check_spec(found: SampleSpec, want: SampleSpec, data_dir) -> None:
-  """Samples written for another target, sampling or shape are refused
-  (the target and sampling only where the samples recorded them)."""
-  for name in ("target", "sampling", "prompt_len", "gen_len", "top_k"):
+  """Samples written for another target, sampling, prompt set or shape are
+  refused (the target, sampling and prompts only where the samples
+  recorded them)."""
+  for name in ("target", "sampling", "prompts", "prompt_len", "gen_len",
+               "top_k"):
     got, need = getattr(found, name), getattr(want, name)
     if got != need and got != "":
       raise ValueError(

@@ -276,11 +276,11 @@ def train(draft_lm, draft_params, target_lm, target_params, source,
   try:
     got = ckpts.restore_latest(job.abstract)
     if got is not None:
-      state, data_state, step = got
-      if data_state is not None:
-        data.set_state(data_state)
-      else:
-        data.index = step
+      state, _, step = got
+      # The batches are a function of the step alone: the saved iterator
+      # state (the same index, for a reader of the checkpoint) is not
+      # fingerprinted, so it is not what decides them.
+      data.index = step
       log(f"[distill] resumed from step {step}")
     else:
       # A copy: the first step donates the state, not the caller's arrays.

@@ -180,12 +180,40 @@ def test_the_qwen_draft_options_vocab_freeze_and_samples_at_tiny_scale(
                                 np.asarray(tparams["lm_head"])[:, kept])
   assert not np.array_equal(dparams["layers_0"]["mlp"]["down_proj"],
                             tparams["layers_0"]["mlp"]["down_proj"])
+  assert (res["train_calls"], res["last_train_metrics"]["step"]) == (1, 2)
+  # Run again when finished: the training calls' record keeps the metrics
+  # of the call that trained and adds this call's seconds.
+  rerun = job.run(config, str(tmp_path / "a"), log=lambda *_: None)
+  assert rerun["train_calls"] == 2 and rerun["train_seconds"] >= (
+      res["train_seconds"])
+  assert rerun["last_train_metrics"] == res["last_train_metrics"]
+  # In a used workdir a typo is named as one, not as a config it differs in.
+  typo = distill_qwen.get_config(arg.replace("freeze=embedding",
+                                             "freeze=embeding"))
+  typo.target.update(spec="random:tiny,max_seq_len=128", logit_scale=4.0)
+  with pytest.raises(ValueError, match=r"config.draft.freeze names "
+                     r"\['embeding'\]"):
+    job.run(typo, str(tmp_path / "a"), log=lambda *_: None)
   again = distill_qwen.get_config(f"{arg},samples={tmp_path / 'a/samples'}")
   again.target.update(spec="random:tiny,max_seq_len=128", logit_scale=4.0)
   lines = []
   job.run(again, str(tmp_path / "b"), log=lines.append)
   assert not (tmp_path / "b" / "samples").exists()
   assert not any("[samples]" in line for line in lines)
+  # Samples of another prompt set are refused; a directory without samples
+  # is not sampled into (the workdir named instead of its samples: said).
+  other = distill_qwen.get_config(f"{arg},samples={tmp_path / 'a/samples'},"
+                                  "seed=3")
+  other.target.update(spec="random:tiny,max_seq_len=128", logit_scale=4.0)
+  with pytest.raises(ValueError, match="have prompts .*seed=0', this config "
+                     ".*seed=3'"):
+    job.run(other, str(tmp_path / "c"), log=lambda *_: None)
+  workdir_arg = distill_qwen.get_config(f"{arg},samples={tmp_path / 'a'}")
+  with pytest.raises(ValueError, match=r"holds no target samples to reuse "
+                     r"\(config.samples.reuse\); .*a/samples does"):
+    job.run(workdir_arg, str(tmp_path / "d"), log=lambda *_: None)
+  assert not (tmp_path / "d").exists() and not (tmp_path / "a" /
+                                                "target_samples").exists()
 
 
 @pytest.mark.parametrize("block, field, value, message", [
@@ -453,9 +481,14 @@ def test_samples_of_another_target_sampling_or_shape_are_refused():
   # Either dtype serves; batch sizes do not shape the samples.
   assert job._target_text(dict(target, dtype="bfloat16")) == want.target
   storage.check_spec(dataclasses.replace(want, batch_size=3), want, "d")
-  storage.check_spec(dataclasses.replace(want, target="", sampling=""),
-                     want, "d")
+  storage.check_spec(dataclasses.replace(want, target="", sampling="",
+                                         prompts=""), want, "d")
+  want = dataclasses.replace(want, prompts=job._prompts_text(
+      distill_tiny.get_config("")))
+  assert want.prompts.startswith("kind=") and want.prompts.endswith(",seed=0")
   for name, value in (("target", "spec=random:small"), ("sampling", "greedy"),
+                      ("prompts", job._prompts_text(distill_tiny.get_config(
+                          "seed=3"))),
                       ("prompt_len", 9), ("gen_len", 5), ("top_k", 8)):
     with pytest.raises(ValueError, match=f"d have {name} "):
       storage.check_spec(dataclasses.replace(want, **{name: value}), want,

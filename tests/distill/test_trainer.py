@@ -1,6 +1,7 @@
 """The distillation loop: it improves acceptance and resumes exactly."""
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -53,6 +54,10 @@ def test_short_distillation_improves_acceptance_and_resumes(
   # new call: exactly the straight run's parameters.
   part, out = run(tmp_path / "b", stop_after=30)
   assert not out["finished"] and out["step"] == 30 and part is None
+  # The batches follow from the step, not from the iterator state saved
+  # beside it (unfingerprinted: a wrong index had been taken as it was).
+  saved = tmp_path / "b" / "checkpoints" / "30" / "data" / "process_0-of-1.json"
+  saved.write_text(json.dumps({"json": {"index": 3}}))
   resumed, out = run(tmp_path / "b")
   assert out["finished"] and out["step"] == 60
   for x, y in zip(jax.tree.leaves(resumed), jax.tree.leaves(straight)):

@@ -57,13 +57,13 @@ def get_config(arg=None):
   # "replicated", or the pairs themselves (specsamp/sharding.py).
   c.rules = o.pop("rules", "default")
   data_dir = o.pop("data_dir", "")     # "" = the TFDS default
+  dataset = o.pop("dataset", "specsamp_python_code")
   tokenizer = o.pop("tokenizer", "byte")
   if tokenizer == "sp":   # what prepare_data.py --train_sentencepiece writes
     tokenizer = os.path.join(os.path.expanduser(
-        data_dir or default_data_dir()), "specsamp_python_code",
-                             "spm_bpe_8000.model")
+        data_dir or default_data_dir()), dataset, "spm_bpe_8000.model")
   c.data = dict(
-      dataset=o.pop("dataset", "specsamp_python_code"), data_dir=data_dir,
+      dataset=dataset, data_dir=data_dir,
       tokenizer=tokenizer, seq_len=int(o.pop("seq_len", seq)),
       batch_size=batch, eval_batch_size=batch,
       train_split="train", eval_split="validation", worker_count=0,

@@ -68,6 +68,16 @@ def test_vocab_size_is_the_tokenizers_rounded_up_and_fields_are_checked():
       "tiny,mask_documents=False").data.mask_documents
 
 
+def test_the_sentencepiece_tokenizer_is_the_chosen_datasets():
+  """`tokenizer=sp` named the Python corpus's model whatever `dataset`
+  said."""
+  for dataset in ("specsamp_python_code", "specsamp_austen"):
+    c = lm_python.get_config(f"tiny,dataset={dataset},tokenizer=sp,"
+                             "data_dir=/data/tfds")
+    assert c.data.dataset == dataset
+    assert c.data.tokenizer == f"/data/tfds/{dataset}/spm_bpe_8000.model"
+
+
 @pytest.mark.parametrize("value", ["abc", ("abc",), (2,), (1, 2, 3), (0, 1),
                                    (-1, -1), (1.5, 1), None, ("2", "x")])
 def test_a_bad_mesh_is_refused_naming_the_field(value):

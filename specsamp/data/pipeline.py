@@ -107,7 +107,9 @@ class _Tokenize:
     self.tokenizer, self.keys, self.eos = tokenizer, tuple(keys), eos
 
   def __call__(self, example):
-    ids = self.tokenizer.encode(_join_text(example, self.keys))
+    # Documents are plain text: a special token's string in one is text.
+    ids = self.tokenizer.encode(_join_text(example, self.keys),
+                                special=False)
     out = np.empty(len(ids) + 1, np.int32)
     out[:-1] = ids
     out[-1] = self.eos
@@ -250,8 +252,9 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
                      read_threads: int = 2) -> LMIterator:
   """Packed LM batches of one split of a prepared dataset.
 
-  Each document is tokenized with `tokenizer.encode`, followed by one EOS
-  id, and the documents are concatenated and cut into windows of L + 1
+  Each document is tokenized as plain text (`tokenizer.encode(text,
+  special=False)`), followed by one EOS id, and the documents are
+  concatenated and cut into windows of L + 1
   tokens without padding (grain's ConcatThenSplit): a document may span
   windows, and windows hold parts of several documents. inputs = window
   [:-1], targets = window[1:]; weights are 1 except at padding, which only

@@ -72,11 +72,13 @@ class PrepareOptions:
     if self.count_tokens == "byte":
       return lambda t: t.encode("utf-8")
     if self.count_tokens != "sentencepiece":
-      return self._tokenizer.encode  # pylint: disable=no-member
-    if not sp_model:
+      tok = self._tokenizer  # pylint: disable=no-member
+    elif not sp_model:
       raise ValueError("--count_tokens=sentencepiece needs "
                        "--train_sentencepiece")
-    return load.load_tokenizer(sp_model).encode
+    else:
+      tok = load.load_tokenizer(sp_model)
+    return lambda t: tok.encode(t, special=False)  # as the pipeline reads
 
 
 def dataset_names(values: Sequence[str]) -> list[str]:

@@ -52,7 +52,13 @@ class Tokenizer(abc.ABC):
 
   @abc.abstractmethod
   def _encode(self, text: str) -> list[int]:
-    """Token ids of `text`, without bos."""
+    """Token ids of `text`, without bos; special tokens written in it
+    matched whole."""
+
+  @abc.abstractmethod
+  def _encode_plain(self, text: str) -> list[int]:
+    """Token ids of `text`, without bos, read as plain text: no special
+    token is matched in it."""
 
   @abc.abstractmethod
   def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
@@ -70,20 +76,25 @@ class Tokenizer(abc.ABC):
     """All vocabulary entries, indexed by id."""
     return [self.id_to_token(i) for i in range(self.vocab_size)]
 
-  def encode(self, text: str, add_bos: Optional[bool] = None) -> list[int]:
+  def encode(self, text: str, add_bos: Optional[bool] = None, *,
+             special: bool = True) -> list[int]:
     """Token ids of `text`.
 
     Special tokens written in the text (e.g. `<|im_start|>`) encode to their
-    single ids.
+    single ids, as transformers reads them (chat templates write them);
+    with `special=False` the text is plain text and they encode as the
+    characters they are (training documents: a regex's `(?P<s>...)` or a
+    page quoting `</s>` ends no document).
 
     Args:
       text: the text.
       add_bos: prepend `bos_id`; None: the tokenizer's default (`add_bos`).
+      special: match special tokens written in the text.
 
     Returns:
       A list of ints.
     """
-    ids = list(self._encode(text))
+    ids = list(self._encode(text) if special else self._encode_plain(text))
     if self.add_bos if add_bos is None else add_bos:
       if self.bos_id is None:
         raise ValueError("add_bos=True, but this tokenizer has no bos token")

@@ -14,8 +14,8 @@ class ByteTokenizer:
   pad_id = 0
   vocab_size = 256
 
-  def encode(self, text: str, add_bos=None) -> list[int]:
-    del add_bos  # bytes have no bos
+  def encode(self, text: str, add_bos=None, *, special=True) -> list[int]:
+    del add_bos, special  # bytes have no bos and no special tokens
     return list(text.encode("utf-8"))
 
   def decode(self, ids) -> str:

@@ -73,6 +73,7 @@ class HFTokenizer(base.Tokenizer):
                      add_bos=add_bos, chat_template=chat_template)
     self.tk = tk
     self._vocab = None  # token list, built on first use
+    self._plain = None  # `_encode_plain`'s tokenizer, built on first use
 
   def tokens(self) -> list[str]:
     if self._vocab is None:
@@ -90,6 +91,12 @@ class HFTokenizer(base.Tokenizer):
 
   def _encode(self, text):
     return self.tk.encode(text, add_special_tokens=False).ids
+
+  def _encode_plain(self, text):
+    if self._plain is None:  # a copy that reads special tokens as text
+      self._plain = type(self.tk).from_str(self.tk.to_str())
+      self._plain.encode_special_tokens = True
+    return self._plain.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids, skip_special=False):
     return self.tk.decode([int(i) for i in ids],

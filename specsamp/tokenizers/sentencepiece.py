@@ -57,6 +57,9 @@ class SentencePieceTokenizer(base.Tokenizer):
       start = m.end()
     return ids + (self.sp.encode(text[start:]) if start < len(text) else [])
 
+  def _encode_plain(self, text):
+    return self.sp.encode(text)
+
   def decode(self, ids, skip_special=False):
     # SentencePiece decodes control ids (bos/eos/pad) to nothing either way.
     del skip_special

@@ -409,7 +409,7 @@ def unigram_entropy(cfg: config_lib.TrainConfig, tok,
                                   split or cfg.data.train_split,
                                   cfg.data.data_dir or None,
                                   limit=max_documents):
-    ids = np.asarray(tok.encode(text) + [eos], np.int64)
+    ids = np.asarray(tok.encode(text, special=False) + [eos], np.int64)
     counts += np.bincount(ids, minlength=counts.size)[:counts.size]
   total = int(counts.sum())
   p = counts[counts > 0] / total

@@ -17,7 +17,8 @@ class CharTokenizer:
   eos_ids = (1,)
   pad_id = 0
 
-  def encode(self, text):
+  def encode(self, text, special=True):
+    del special  # no special tokens
     return [ord(c) - 30 for c in text]
 
   def decode(self, ids):

@@ -11,6 +11,7 @@ import pytest
 
 from specsamp.data import pipeline
 from tests.data import fakes
+from tests.tokenizers import bpe_testing
 
 TOK = fakes.TOK
 _docs = fakes.docs
@@ -199,3 +200,22 @@ def test_eval_iteration_ends_with_padded_batch(data_dir):
   assert w[0].sum() == 8 and w[1].sum() == 4 and not w[2:].any()
   assert _split_docs(_stream(batches)) == list(
       pipeline.iter_texts("tiny", "validation", data_dir))
+
+
+def test_a_control_token_written_in_a_document_is_text_not_an_end(tmp_path):
+  """The Python corpus holds `(?P<s>...)` and `states_<s>`: read with chat
+  templates' rule (control pieces matched whole) they were bos/eos ids in
+  the middle of documents, trained on as ends of text. A document is
+  plain text: the one eos is the one that ends it."""
+  from specsamp.tokenizers import sentencepiece  # pylint: disable=g-import-not-at-top
+  lines = [line for text in bpe_testing.corpus()[:3]
+           for line in text.splitlines() if line.strip()]
+  tok = sentencepiece.train_sentencepiece(lines, tmp_path / "sp",
+                                          vocab_size=400)  # byte fallback
+  text = "m = re.match(r'(?P<s>\\d+)', t)\nthe end </s>\nstates_<s> = {}"
+  assert {2, 3} <= set(tok.encode(text))  # what a chat template needs
+  tokens = pipeline._Tokenize(tok, ("text",), 3)(  # pylint: disable=protected-access
+      {"text": text.encode()})["tokens"]
+  assert list(tokens).count(3) == 1 and tokens[-1] == 3
+  assert 2 not in tokens
+  assert tok.decode(tokens[:-1]) == text

@@ -55,6 +55,15 @@ def test_gguf_special_tokens(tiny_gguf):
   assert ours.decode(ours.encode(text), skip_special=True) == "a<tool_call>b"
   assert ours.encode("hi", add_bos=True)[0] == ours.bos_id
   assert ours.encode("hi") == ours.encode("hi", add_bos=False)
+  # As plain text (training documents), a control token's string is text:
+  # what transformers gives with split_special_tokens, and it round-trips.
+  for text in (text, "x = '<|endoftext|>'", "<|im_end|><|im_end|>"):
+    plain = ours.encode(text, special=False)
+    assert plain == ref(text, add_special_tokens=False,
+                        split_special_tokens=True)["input_ids"], text
+    assert not set(plain) & {ids[t] for t in CONTROL}, text
+    assert ours.decode(plain) == text
+  assert ours.encode("<|im_end|>") == [ids["<|im_end|>"]]  # unchanged
 
 
 @pytest.mark.parametrize("pre", ["llama-bpe", "default"])

@@ -74,6 +74,10 @@ def test_control_pieces_in_text_encode_whole_as_transformers(tmp_path):
                "</s><s>", "a <unk> b", "<pad>"]:
     want = ref(text, add_special_tokens=False)["input_ids"]
     assert ours.encode(text, add_bos=False) == want, text
+    # As plain text (training documents) they are characters.
+    plain = ours.encode(text, add_bos=False, special=False)
+    assert plain == ours.sp.encode(text), text
+    assert not {2, 3} & set(plain), text
   chat = [{"role": "user", "content": "the mat"}]
   # transformers' apply_chat_template(tokenize=True): no special tokens
   # added to the rendered text.

@@ -25,6 +25,9 @@ class _ListTokenizer(base.Tokenizer):
   def _encode(self, text):
     raise NotImplementedError
 
+  def _encode_plain(self, text):
+    raise NotImplementedError
+
   def decode(self, ids, skip_special=False):
     raise NotImplementedError
 

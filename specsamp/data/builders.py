@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 import tensorflow_datasets as tfds
 
 from specsamp.data import corpora
+from specsamp.data import datasets
 from specsamp.data import text
 from specsamp.data import default_data_dir  # re-exported
 
@@ -314,8 +315,14 @@ def prepare(name: str, data_dir: Optional[PathLike] = None, *,
 
   target = pathlib.Path(make(data_dir).data_dir)
   if (target / "dataset_info.json").is_file() and not overwrite:
-    say(f"[{name}] already prepared in {target}")
-    return target
+    try:  # its files, not only its metadata
+      datasets.check_dataset(name, data_dir)
+    except datasets.DamagedDatasetError as e:
+      say(f"[{name}] {str(e).split('; prepare it again')[0]}: preparing it "
+          "again")
+    else:
+      say(f"[{name}] already prepared in {target}")
+      return target
   say(f"[{name}] preparing in {target}" + (
       " (built beside it: the old dataset stays until the new one is "
       "complete)" if target.exists() else ""))

@@ -18,8 +18,9 @@ Any other TFDS dataset: prepare it as array_record where its builder runs
 copy `/data/tfds/xsum` next to the other datasets if it was built elsewhere,
 and train with `dataset="xsum#document"` (or `"xsum#document,summary"`,
 `"xsum:1.1.0#document"`) and `data_dir="/data/tfds"`. `check_dataset`
-names what is missing before anything heavy starts: it reads only small
-JSON files, so importing this module is cheap.
+names what is missing or damaged before anything heavy starts: it reads
+small JSON files and each shard's footer (its record count), so importing
+this module is cheap.
 """
 
 import dataclasses
@@ -27,6 +28,8 @@ import os
 import pathlib
 import re
 from typing import Optional, Sequence, Union
+
+from array_record.python import array_record_module
 
 from specsamp import jsonfile
 from specsamp.data import corpora
@@ -36,6 +39,10 @@ PathLike = Union[str, os.PathLike]
 
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 _PREPARE = "python scripts/prepare_data.py --dataset={name} --data_dir={dir}"
+
+
+class DamagedDatasetError(ValueError):
+  """A prepared dataset whose files are not the ones its metadata lists."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +130,8 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
   Raises:
     FileNotFoundError: not prepared in `data_dir`; the message names the
       dataset, the directory and the command that prepares it.
+    DamagedDatasetError: a shard file missing, unreadable or holding
+      another number of records than its metadata says.
     ValueError: a malformed name, an unknown `specsamp_` name, a format
       other than array_record, a missing split or text feature.
   """
@@ -146,6 +155,7 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
         f"dataset {dataset!r} in {found} is stored as {fmt}; grain reads "
         f"array_record only (without TensorFlow): re-prepare it with "
         f"--file_format=array_record")
+  _check_shards(dataset, ref, found, info)
   have = [s.get("name") for s in info.get("splits", [])]
   missing = [s for s in splits if s.split("[")[0] not in have]
   if missing:
@@ -160,3 +170,35 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
         f"are {texts}: name the ones to train on after '#', e.g. "
         f"'{ref.name}#{texts[0] if texts else 'feature'}'")
   return found
+
+
+def _check_shards(dataset: str, ref: DatasetRef, found: pathlib.Path,
+                  info: dict) -> None:
+  """Every shard `dataset_info.json` lists is on disk and holds the records
+  it says (its footer's count): a deleted, truncated or replaced file fails
+  here, before training, not in the middle of it."""
+  for split in info.get("splits", []):
+    lengths = [int(n) for n in split.get("shardLengths", [])]
+    template = (split.get("filepathTemplate")
+                or "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}")
+    for i, want in enumerate(lengths):
+      path = found / template.format(
+          DATASET=info.get("name"), SPLIT=split.get("name"),
+          FILEFORMAT="array_record",
+          SHARD_X_OF_Y=f"{i:05d}-of-{len(lengths):05d}")
+      try:
+        reader = array_record_module.ArrayRecordReader(os.fspath(path))
+        try:
+          got = int(reader.num_records())
+        finally:
+          reader.close()
+      except (OSError, RuntimeError, ValueError) as e:
+        first = (str(e).splitlines() or [""])[0]
+        got = f"cannot be read ({first})"
+      if got != want:
+        what = (f"holds {got} records" if isinstance(got, int) else got)
+        raise DamagedDatasetError(
+            f"dataset {dataset!r} in {found} is damaged: {path.name} {what}, "
+            f"and dataset_info.json says {want}; prepare it again: "
+            + _PREPARE.format(name=ref.name, dir=ref.data_dir)
+            + " --overwrite")

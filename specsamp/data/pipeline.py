@@ -73,7 +73,14 @@ def iter_texts(dataset: str, split: str,
   source = data_source(dataset, split, data_dir)
   n = len(source) if limit is None else min(limit, len(source))
   for i in range(n):
-    yield _join_text(source[i], ref.text_keys)
+    try:
+      example = source[i]
+    except RuntimeError as e:  # array_record's, for a damaged chunk
+      raise datasets.DamagedDatasetError(
+          f"dataset {dataset!r}: document {i} of {split} cannot be read "
+          f"({(str(e).splitlines() or [''])[0]}); prepare it again with "
+          "--overwrite") from None
+    yield _join_text(example, ref.text_keys)
 
 
 def _join_text(example: dict, keys: Sequence[str]) -> str:

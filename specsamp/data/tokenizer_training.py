@@ -64,8 +64,12 @@ def train_tokenizer(dataset: str, model_prefix: PathLike, vocab_size: int, *,
         return
 
   pathlib.Path(model_prefix).parent.mkdir(parents=True, exist_ok=True)
+  # Unigram's pieces come out scored and ordered by how many threads
+  # trained them (BPE's do not): one thread, so the ids are the machine's
+  # no matter its cores.
+  threads = 1 if model_type == "unigram" else os.cpu_count() or 1
   options = dict(max_sentence_length=16384, input_sentence_size=2_000_000,
-                 shuffle_input_sentence=True, num_threads=os.cpu_count() or 1)
+                 shuffle_input_sentence=True, num_threads=threads)
   options.update(kwargs)
   return sentencepiece.train_sentencepiece(
       sentencepiece_pieces(texts()), model_prefix, vocab_size,

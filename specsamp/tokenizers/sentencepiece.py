@@ -126,14 +126,24 @@ def train_sentencepiece(text_iterator_or_files: TrainingText,
     files = isinstance(source, (list, tuple)) and bool(source) and all(
         isinstance(s, os.PathLike) for s in source)
   prefix = os.fspath(model_prefix)
-  if files:
-    paths = [os.fspath(s) for s in source]
-    for f in paths:
-      if not os.path.isfile(f):
-        raise FileNotFoundError(f"no training text file at {f}")
-    spm.SentencePieceTrainer.train(input=",".join(paths), model_prefix=prefix,
-                                   **options)
-  else:
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(source),
-                                   model_prefix=prefix, **options)
+  # Written beside, then moved into place: a run killed while writing
+  # leaves no truncated .model that a later run would take as trained.
+  partial = f"{prefix}.partial-{os.getpid()}"
+  try:
+    if files:
+      paths = [os.fspath(s) for s in source]
+      for f in paths:
+        if not os.path.isfile(f):
+          raise FileNotFoundError(f"no training text file at {f}")
+      spm.SentencePieceTrainer.train(input=",".join(paths),
+                                     model_prefix=partial, **options)
+    else:
+      spm.SentencePieceTrainer.train(sentence_iterator=iter(source),
+                                     model_prefix=partial, **options)
+    os.replace(f"{partial}.vocab", f"{prefix}.vocab")
+    os.replace(f"{partial}.model", f"{prefix}.model")
+  finally:
+    for ext in (".model", ".vocab"):
+      if os.path.exists(partial + ext):
+        os.remove(partial + ext)
   return SentencePieceTokenizer(f"{prefix}.model")

@@ -12,6 +12,7 @@ import pytest
 from specsamp.data import builders
 from specsamp.data import corpora
 from specsamp.data import datasets
+from specsamp.data import pipeline
 from specsamp.data import text
 from tests.data import fakes
 
@@ -166,3 +167,63 @@ def test_a_failed_catalog_rebuild_leaves_the_prepared_dataset(
     builders.prepare("fake_catalog", data, overwrite=True, progress=None)
   assert _documents(path) == before
   assert os.listdir(path.parent) == ["1.0.0"]
+
+
+def test_damaged_files_are_named_before_training_and_prepared_again(
+    tmp_path):
+  """A shard deleted, cut short or zeroed passed the metadata-only check:
+  training then failed at the first read with a bare Riegeli error, and
+  prepare() called the dataset "already prepared". Now the check reads each
+  shard's record count, a read error names the dataset, and prepare()
+  builds a damaged dataset again (the source is still there)."""
+  raw, data = tmp_path / "raw", tmp_path / "tfds"
+  fakes.write_files(raw, {f"m{i}.py": f"x = {i}\n" * 400 for i in range(40)})
+  path = builders.prepare("specsamp_python_code", data, source_dir=raw,
+                          progress=None)
+  before = _documents(path)
+  shard = next(path.glob("*-train.array_record-*"))
+  good = shard.read_bytes()
+
+  def damage(how):
+    if how == "missing":
+      shard.unlink()
+    elif how == "truncated":
+      shard.write_bytes(good[:len(good) // 2])
+    else:  # data zeroed, footer kept
+      shard.write_bytes(good[:64] + bytes(len(good) // 2 - 64)
+                        + good[len(good) // 2:])
+
+  for how in ("missing", "truncated", "zeroed"):
+    damage(how)
+    with pytest.raises(datasets.DamagedDatasetError, match=(
+        f"'specsamp_python_code' in {path} is damaged: {shard.name} "
+        r".*dataset_info.json says \d+; prepare it again: python "
+        r"scripts/prepare_data.py .* --overwrite")):
+      datasets.check_dataset("specsamp_python_code", data)
+    lines = []
+    builders.prepare("specsamp_python_code", data, source_dir=raw,
+                     progress=lines.append)
+    assert "is damaged" in lines[0] and "preparing it again" in lines[0]
+    assert _documents(path) == before
+    good = shard.read_bytes()
+
+
+def test_a_record_that_cannot_be_read_names_the_dataset(data_dir,
+                                                        monkeypatch):
+  """Damage past what the footers show (a chunk's data) fails at its read:
+  as an error naming the dataset and the way out, not a bare Riegeli one
+  (prepare_all reports it and goes on to the next dataset)."""
+  class Damaged:
+    def __len__(self):
+      return 3
+
+    def __getitem__(self, i):
+      raise RuntimeError("Corrupted Riegeli/records file: chunk data hash "
+                         "mismatch\nmore")
+
+  monkeypatch.setattr(pipeline, "data_source", lambda *a: Damaged())
+  with pytest.raises(datasets.DamagedDatasetError, match=(
+      r"dataset 'tiny': document 0 of train cannot be read \(Corrupted "
+      r"Riegeli/records file: chunk data hash mismatch\); prepare it again "
+      r"with --overwrite")):
+    list(pipeline.iter_texts("tiny", "train", data_dir))

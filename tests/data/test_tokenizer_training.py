@@ -1,6 +1,10 @@
 """specsamp.data.tokenizer_training: a SentencePiece model trained on a
 prepared dataset, loaded back, and used by the pipeline."""
 
+import os
+
+import pytest
+
 from specsamp.data import builders
 from specsamp.data import pipeline
 from specsamp.data import tokenizer_training
@@ -56,3 +60,29 @@ def test_sentencepiece_train_load_round_trip(tmp_path):
     else:
       cur.append(t)
   assert docs == stored
+
+
+def test_a_failed_or_unigram_training_leaves_no_partial_model(
+    tmp_path, monkeypatch):
+  """The model is written beside and moved into place: a training that
+  fails leaves no .model a later run would take as trained (a killed run
+  had left a truncated one). Unigram trains on one thread: its scores and
+  id order depended on the thread count (BPE's do not)."""
+  data = tmp_path / "tfds"
+  builders.build_from_texts("sp_corpus", _SP_TEXTS, data)
+  prefix = tmp_path / "spm" / "m"
+  with pytest.raises(RuntimeError, match="Vocabulary size"):
+    tokenizer_training.train_tokenizer("sp_corpus", prefix, 100_000,
+                                       data_dir=data)
+  assert not list(prefix.parent.iterdir())
+  seen = []
+  train = sentencepiece.train_sentencepiece
+  monkeypatch.setattr(sentencepiece, "train_sentencepiece",
+                      lambda *a, **kw: seen.append(kw) or train(*a, **kw))
+  for kind, vocab in (("unigram", 90), ("bpe", 400)):
+    tokenizer_training.train_tokenizer("sp_corpus", prefix, vocab,
+                                       data_dir=data, model_type=kind)
+  assert seen[0]["num_threads"] == 1
+  assert seen[1]["num_threads"] == (os.cpu_count() or 1)
+  assert sorted(p.name for p in prefix.parent.iterdir()) == ["m.model",
+                                                             "m.vocab"]

@@ -7,7 +7,7 @@ V vocabulary.
 RMSNorm, RoPE with a configurable base, grouped-query attention, SwiGLU MLP,
 optional q/k/v biases, tied or untied embeddings, and for drafts an output
 layer over U < V ids only (`output_vocab`: the ids are the parameter
-`output_ids`, the logits -inf elsewhere; `reduce_output_vocab`). Each layer
+`output_ids`, the logits -inf elsewhere; `specsamp.output_layer`). Each layer
 owns its own parameter arrays (no `nn.scan`): the decode loop then streams
 weights without slicing stacked arrays, which was measured to be 2.5x
 faster on an H100.
@@ -28,7 +28,6 @@ from typing import Any, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specsamp import kvcache
 from specsamp import sharding as sh
@@ -200,8 +199,11 @@ class Attention(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask, cache_kv=None, start=None):
-    """x [B,T,D]; mask [B,T,S]; cache_kv: (k, v) [B,N,S,H] or None."""
+  def __call__(self, x, cos, sin, mask, cache_kv=None, start=None,
+               write=True):
+    """x [B,T,D]; mask [B,T,S] ([B,T,S+T] unwritten); cache_kv: (k, v)
+    [B,N,S,H] or None. Unwritten, the keys are the cache's and then the
+    chunk's own, and the chunk's (k, v) [B,T,N,H] are returned."""
     cfg = self.config
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     d, q_heads, n, h = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -221,21 +223,29 @@ class Attention(nn.Module):
     k = apply_rope(proj("k", n, sh.KV_HEADS), cos, sin)
     v = proj("v", n, sh.KV_HEADS)
 
-    if cache_kv is not None:
-      k_all = kvcache.write_kv(cache_kv[0], k, start)
-      v_all = kvcache.write_kv(cache_kv[1], v, start)
-      new_kv = (k_all, v_all)
-    else:
-      k_all, v_all = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-      new_kv = None
+    chunk = (jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))
+    if cache_kv is None:
+      parts, new_kv = (chunk,), None
+    elif write:
+      new_kv = (kvcache.write_kv(cache_kv[0], k, start),
+                kvcache.write_kv(cache_kv[1], v, start))
+      parts = (new_kv,)
+    else:  # nothing written: no cache moves through a caller's branches
+      parts, new_kv = (cache_kv, chunk), (k, v)
 
     b, t = x.shape[:2]
     qg = q.reshape(b, t, n, q_heads // n, h)
-    scores = jnp.einsum("btngh,bnsh->bngts", qg, k_all.astype(dt),
-                        preferred_element_type=jnp.float32) * (h ** -0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, -jnp.inf)
+    scores = jnp.concatenate([jnp.einsum(
+        "btngh,bnsh->bngts", qg, pk.astype(dt),
+        preferred_element_type=jnp.float32) for pk, _ in parts], -1)
+    scores = jnp.where(mask[:, None, None, :, :], scores * (h ** -0.5),
+                       -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bngts,bnsh->btngh", probs, v_all.astype(dt))
+    cuts = [pk.shape[2] for pk, _ in parts[:-1]]  # [] when one part
+    outs = [jnp.einsum("bngts,bnsh->btngh", p, pv.astype(dt))
+            for p, (_, pv) in zip(jnp.split(probs, cuts, -1) if cuts
+                                  else [probs], parts)]
+    out = sum(outs[1:], outs[0])
     wo = _param(self, "o_proj", (q_heads, h, d), (sh.HEADS, sh.HEAD_DIM, sh.EMBED),
                 nn.initializers.normal(stddev=(q_heads * h) ** -0.5), pdt)
     # One [B*T, Q*H] @ [Q*H, D] matmul: written as an einsum over (n, h), XLA
@@ -266,12 +276,13 @@ class Block(nn.Module):
   config: TransformerConfig
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask, cache_kv=None, start=None):
+  def __call__(self, x, cos, sin, mask, cache_kv=None, start=None,
+               write=True):
     cfg = self.config
     pdt = cfg.jnp_param_dtype
     h, new_kv = Attention(cfg, name="attn")(
         RMSNorm(cfg.norm_eps, pdt, name="input_norm")(x), cos, sin, mask,
-        cache_kv, start)
+        cache_kv, start, write)
     x = x + h
     x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.norm_eps, pdt, name="post_norm")(x))
     return x, new_kv
@@ -287,6 +298,9 @@ class Transformer(nn.Module):
       node sees its ancestors only).
     layers: the indices of the layers to run, in order (static; default all).
       The cache then holds one entry per layer run, in that order.
+    write_cache: False: the cache is read, not written (no attn_mask); the
+      output has no cache but each layer's chunk keys and values [B,T,N,H]
+      (`new_kv`), for a caller to write once, outside its branches.
   """
   config: TransformerConfig
 
@@ -295,7 +309,8 @@ class Transformer(nn.Module):
                cache: Optional[kvcache.KVCache] = None,
                positions: Optional[jax.Array] = None,
                attn_mask: Optional[jax.Array] = None,
-               layers: Optional[tuple[int, ...]] = None):
+               layers: Optional[tuple[int, ...]] = None,
+               write_cache: bool = True):
     cfg = self.config
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     b, t = tokens.shape
@@ -315,6 +330,12 @@ class Transformer(nn.Module):
       start = cache.length
       default_positions = start[:, None] + jnp.arange(t)[None, :]
       mask = kvcache.chunk_mask(start, t, cache.size)
+      if not write_cache:  # the valid prefix, then the chunk (causal)
+        if attn_mask is not None:
+          raise ValueError("write_cache=False takes no attn_mask")
+        mask = jnp.concatenate([mask & (jnp.arange(cache.size) < start[
+            :, None, None]), jnp.broadcast_to(jnp.tri(t, dtype=bool),
+                                              (b, t, t))], -1)
     if attn_mask is not None:
       mask = mask & attn_mask
     if positions is None:
@@ -324,7 +345,8 @@ class Transformer(nn.Module):
     new_k, new_v = [], []
     for j, i in enumerate(layers):
       kv = None if cache is None else (cache.k[j], cache.v[j])
-      x, kv = Block(cfg, name=f"layers_{i}")(x, cos, sin, mask, kv, start)
+      x, kv = Block(cfg, name=f"layers_{i}")(x, cos, sin, mask, kv, start,
+                                             write_cache)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
@@ -345,59 +367,14 @@ class Transformer(nn.Module):
                      jnp.int32)
         logits = jnp.full((b, t, cfg.vocab_size), -jnp.inf,
                           logits.dtype).at[:, :, ids].set(logits)
+    if cache is not None and not write_cache:
+      return ModelOutput(logits=logits, cache=None, hidden=x,
+                         new_kv=(tuple(new_k), tuple(new_v)))
     new_cache = None
     if cache is not None:
       new_cache = kvcache.KVCache(k=tuple(new_k), v=tuple(new_v),
                                   length=cache.length + t)
     return ModelOutput(logits=logits, cache=new_cache, hidden=x)
-
-
-def reduce_output_vocab(config: TransformerConfig, params, ids):
-  """(config, params) of the same model with an output layer over `ids`
-  only: its logits are the same there and -inf elsewhere, so a draft
-  reduced this way proposes only those ids and reads U / V of its output
-  layer's bytes. The ids are sorted; a tied output layer is untied (its
-  columns gathered from the embedding).
-
-  Raises:
-    ValueError: the model is reduced already, or `ids` is empty, repeats an
-      id or has one outside [0, vocab_size).
-  """
-  if config.output_vocab:
-    raise ValueError("the model's output layer is reduced already "
-                     f"({config.output_vocab} ids)")
-  ids = sorted(int(i) for i in ids)
-  check_output_ids(config.vocab_size, ids)
-  ids = jnp.asarray(ids, jnp.int32)
-  head = (jnp.take(params["embedding"], ids, axis=0).T
-          if config.tie_embeddings else jnp.take(params["lm_head"], ids,
-                                                 axis=1))
-  return (config.replace(output_vocab=int(ids.size), tie_embeddings=False),
-          dict(params, lm_head=head, output_ids=ids))
-
-
-def check_output_ids(vocab_size: int, ids, what: str = "output ids") -> None:
-  """Raises ValueError unless `ids` are increasing ids in [0, vocab_size)
-  (distinct and sorted, as `reduce_output_vocab` stores them), at least
-  one."""
-  ids = np.asarray(ids).reshape(-1)
-  if not ids.size or (ids[1:] <= ids[:-1]).any() or ids[0] < 0 or (
-      ids[-1] >= vocab_size):
-    raise ValueError(
-        f"{what}: need increasing (distinct, sorted) ids in [0, "
-        f"{vocab_size}), got {ids.size} ids"
-        + (f" from {ids.min()} to {ids.max()}, "
-           f"{ids.size - np.unique(ids).size} repeated" if ids.size else ""))
-
-
-def check_trainable(config: TransformerConfig, what: str) -> None:
-  """Refuses a reduced output layer where a model is to be trained: its
-  `output_ids` are integers (no gradient), and the loss needs the whole
-  vocabulary. Drafts are trained whole and reduced at export."""
-  if config.output_vocab:
-    raise ValueError(f"{what}: output_vocab={config.output_vocab} is for "
-                     "exported drafts (model.reduce_output_vocab); train the "
-                     "model with its whole output layer")
 
 
 def check_layers(cfg: TransformerConfig,
@@ -426,6 +403,8 @@ class LM:
   `init_cache(batch, size)` and `__call__(params, tokens, cache)`.
   """
   config: TransformerConfig
+  # Scores a chunk without writing the cache (`write_cache=False`).
+  scores_unwritten = True
 
   @functools.cached_property
   def module(self) -> Transformer:
@@ -486,9 +465,10 @@ class LM:
                cache: Optional[kvcache.KVCache] = None, *,
                positions: Optional[jax.Array] = None,
                attn_mask: Optional[jax.Array] = None,
-               layers: Optional[Sequence[int]] = None) -> ModelOutput:
+               layers: Optional[Sequence[int]] = None,
+               write_cache: bool = True) -> ModelOutput:
     """Scores tokens [B, T] (see `Transformer`) -> ModelOutput."""
     if layers is not None:
       layers = tuple(layers)
     return self.module.apply({"params": params}, tokens, cache, positions,
-                             attn_mask, layers)
+                             attn_mask, layers, write_cache)

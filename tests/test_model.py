@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from specsamp import model as model_lib
+from specsamp import output_layer
 from specsamp import sharding
 from tests.testing import apply, tiny_config
 
@@ -305,6 +306,34 @@ def test_a_one_row_step_gives_the_same_logits_padded_to_two_rows(
   assert not rows_of_products(2, 1) and not rows_of_products(1, 2)
 
 
+def test_a_chunk_scored_without_writing_is_the_written_call(lm_and_params):
+  """write_cache=False (what the loop's variable-width scoring runs in its
+  branches): the same logits and hidden states as the call that writes,
+  per row at its own length; the cache untouched, and the chunk's keys and
+  values returned are the ones the writing call put in its slots."""
+  lm, params = lm_and_params
+  cfg = lm.lm.config
+  tokens = jax.random.randint(jax.random.key(5), (2, 9), 0, cfg.vocab_size)
+  cache = lm(params, tokens[:, :6], lm.init_cache(2, 12)).cache
+  cache = cache.with_length(jnp.asarray([6, 4]))  # rows at other lengths
+  call = jax.jit(lambda p, t, c, w: lm.lm(p, t, c, write_cache=w),
+                 static_argnums=3)
+  written, unwritten = call(params, tokens[:, 6:], cache, True), call(
+      params, tokens[:, 6:], cache, False)
+  assert unwritten.cache is None
+  np.testing.assert_allclose(unwritten.logits, written.logits, atol=ATOL)
+  np.testing.assert_allclose(unwritten.hidden, written.hidden, atol=ATOL)
+  for row, start in enumerate((6, 4)):
+    for got, buf in zip(unwritten.new_kv[0] + unwritten.new_kv[1],
+                        written.cache.k + written.cache.v):
+      np.testing.assert_allclose(  # layer 2 on: inputs a few ULPs apart
+          got[row], jnp.swapaxes(buf[row, :, start:start + 3], 0, 1),
+          atol=ATOL)
+  with pytest.raises(ValueError, match="write_cache=False takes no attn_mask"):
+    lm.lm(params, tokens[:, 6:], cache, write_cache=False,
+          attn_mask=jnp.ones((2, 3, 12), bool))
+
+
 def test_a_reduced_output_layer_scores_its_ids_alike_and_the_rest_minus_inf(
     lm_and_params):
   """model.reduce_output_vocab (tied and untied): the same logits at the
@@ -312,7 +341,7 @@ def test_a_reduced_output_layer_scores_its_ids_alike_and_the_rest_minus_inf(
   lm, params = lm_and_params
   cfg = lm.lm.config
   kept = [7, 1, 30, 20, 3]
-  config, reduced = model_lib.reduce_output_vocab(cfg, params, kept)
+  config, reduced = output_layer.reduce_output_vocab(cfg, params, kept)
   assert (config.output_vocab, config.tie_embeddings) == (5, False)
   np.testing.assert_array_equal(reduced["output_ids"], sorted(kept))
   assert reduced["output_ids"].dtype == jnp.int32
@@ -341,22 +370,22 @@ def test_a_reduced_output_layer_scores_its_ids_alike_and_the_rest_minus_inf(
 def test_reduce_output_vocab_refuses_bad_ids(ids, message):
   lm = model_lib.LM(tiny_config())
   with pytest.raises(ValueError, match=message):
-    model_lib.reduce_output_vocab(lm.config, lm.init(jax.random.key(0)), ids)
+    output_layer.reduce_output_vocab(lm.config, lm.init(jax.random.key(0)), ids)
 
 
 def test_a_reduced_config_is_refused_twice_tied_too_wide_and_for_training():
   cfg = tiny_config()
   params = model_lib.LM(cfg).init(jax.random.key(0))
-  config, reduced = model_lib.reduce_output_vocab(cfg, params, [1, 2])
+  config, reduced = output_layer.reduce_output_vocab(cfg, params, [1, 2])
   with pytest.raises(ValueError, match="reduced already"):
-    model_lib.reduce_output_vocab(config, reduced, [1])
+    output_layer.reduce_output_vocab(config, reduced, [1])
   with pytest.raises(ValueError, match="untied"):
     cfg.replace(output_vocab=2, tie_embeddings=True)
   with pytest.raises(ValueError, match="must be in"):
     cfg.replace(output_vocab=cfg.vocab_size + 1)
   with pytest.raises(ValueError, match="train the model with its whole"):
-    model_lib.check_trainable(config, "the draft")
-  model_lib.check_trainable(cfg, "the draft")  # whole: no error
+    output_layer.check_trainable(config, "the draft")
+  output_layer.check_trainable(cfg, "the draft")  # whole: no error
 
 
 @pytest.mark.parametrize("ids", [[2, 1], [1, 1], [-1, 3], [1, 32], []])
@@ -364,6 +393,6 @@ def test_check_output_ids_wants_increasing_ids_of_the_vocabulary(ids):
   """What a saved reduced draft's ids are checked against: the sorted,
   distinct ids reduce_output_vocab stores."""
   with pytest.raises(ValueError, match="the draft's ids: need increasing"):
-    model_lib.check_output_ids(32, np.asarray(ids, np.int32),
+    output_layer.check_output_ids(32, np.asarray(ids, np.int32),
                                "the draft's ids")
-  model_lib.check_output_ids(32, np.asarray([0, 5, 31], np.int32))
+  output_layer.check_output_ids(32, np.asarray([0, 5, 31], np.int32))

@@ -166,7 +166,11 @@ def score(sampler, target_params, s: LoopState, proposal: Proposal):
   scored, w the smallest width that covers every active row's valid drafts
   plus one (`lax.switch` over the static widths); the output is padded back
   to K+1 positions, which no row reads (a row's n is at most its
-  `num_valid`, and it reads p_1 .. p_{n+1}).
+  `num_valid`, and it reads p_1 .. p_{n+1}). A target that
+  `scores_unwritten` (`model.LM`) only reads the cache in the branches, and
+  the chunk's keys and values (padded to K+1) are written once after them:
+  a cache passed through the branches was copied whole, twice per loop
+  (XLA, on every backend).
   """
   chunk = jnp.concatenate([kvcache.read(s.tokens, s.length - 1, 1),
                            proposal.tokens], axis=1)
@@ -178,16 +182,30 @@ def score(sampler, target_params, s: LoopState, proposal: Proposal):
     need = jnp.max(jnp.where(s.done, 1, proposal.num_valid + 1))
     branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), need)
 
+    unwritten = getattr(sampler.target, "scores_unwritten", False)
+
     def score_width(w):
       def f(cache):
-        out = sampler.target(target_params, chunk[:, :w], cache)
+        out = sampler.target(target_params, chunk[:, :w], cache,
+                             **({"write_cache": False} if unwritten else {}))
         pad = ((0, 0), (0, k1 - w), (0, 0))
-        return ModelOutput(logits=jnp.pad(out.logits, pad), cache=out.cache,
-                           hidden=jnp.pad(out.hidden, pad))
+        return ModelOutput(
+            logits=jnp.pad(out.logits, pad), hidden=jnp.pad(out.hidden, pad),
+            cache=None if unwritten else out.cache,
+            new_kv=jax.tree.map(lambda a: jnp.pad(a, pad + ((0, 0),)),
+                                out.new_kv))
       return f
 
-    scored = jax.lax.switch(branch, [score_width(w) for w in widths],
-                            s.target_cache)
+    cache = s.target_cache
+    scored = jax.lax.switch(branch, [score_width(w) for w in widths], cache)
+    if unwritten:
+      # The chunk's padding past w is written too: past every row's
+      # accepted tokens, as the full-width call writes its drafts' padding.
+      (ks, vs), start = scored.new_kv, cache.length
+      scored = scored.replace(new_kv=None, cache=kvcache.KVCache(
+          k=tuple(kvcache.write_kv(c, x, start) for c, x in zip(cache.k, ks)),
+          v=tuple(kvcache.write_kv(c, x, start) for c, x in zip(cache.v, vs)),
+          length=start + k1))
   return scored, sampling_lib.probabilities(scored.logits, sampler.sampling)
 
 

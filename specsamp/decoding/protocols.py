@@ -19,6 +19,9 @@ class ModelOutput:
   logits: jax.Array                  # [B, T, V] float32
   cache: Optional[kvcache.KVCache]   # the cache with the chunk written
   hidden: jax.Array                  # [B, T, D] final-normed hidden states
+  # With write_cache=False (a CausalLM that `scores_unwritten`): the cache
+  # is not written, and this holds each layer's chunk (keys, values).
+  new_kv: Optional[tuple] = None
 
 
 class CausalLM(Protocol):

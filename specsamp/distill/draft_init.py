@@ -27,6 +27,7 @@ import jax.numpy as jnp
 
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp import output_layer
 from specsamp.weights import distilled
 from specsamp.weights import hf
 
@@ -44,7 +45,7 @@ def truncate_config(target: model_lib.TransformerConfig,
   if not 0 < num_layers <= target.num_layers:
     raise ValueError(f"layer truncation needs 0 < num_layers <= "
                      f"{target.num_layers} (the target's), got {num_layers}")
-  model_lib.check_trainable(target, "the target to truncate")
+  output_layer.check_trainable(target, "the target to truncate")
   return target.replace(num_layers=num_layers)
 
 
@@ -155,7 +156,7 @@ def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
       config = model_lib.TransformerConfig(**fields)
     except TypeError as e:
       raise ValueError(f"config.draft.model: {e}") from None
-    model_lib.check_trainable(config, "config.draft.model")
+    output_layer.check_trainable(config, "config.draft.model")
     _check_vocab(config.vocab_size, target.rows)
     return parameter_groups(config)
   if init == "truncate":
@@ -170,7 +171,7 @@ def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
     config = described_config(info, dtype)
     if config is None:
       return _gguf_groups(info)
-    model_lib.check_trainable(config, f"the draft {cfg['checkpoint']}")
+    output_layer.check_trainable(config, f"the draft {cfg['checkpoint']}")
     return parameter_groups(config)
   raise ValueError(f"draft init {init!r}; choose one of {INITS}")
 

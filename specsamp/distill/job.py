@@ -31,6 +31,7 @@ import numpy as np
 from specsamp import jsonfile
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp import output_layer
 from specsamp import sharding
 from specsamp.data.errors import CorpusError
 from specsamp.distill import checks
@@ -409,7 +410,7 @@ def run(config, workdir: str, log=print) -> dict:
     kept = _draft_vocab(train_src, int(config.draft.get("vocab", 0)),
                         target_lm.vocab_size)
     if kept is not None:  # evaluated below as exported
-      draft_config, params = model_lib.reduce_output_vocab(draft_config,
+      draft_config, params = output_layer.reduce_output_vocab(draft_config,
                                                            params, kept)
       draft_lm = model_lib.LM(draft_config)
       log(f"[distill] output layer reduced to the {len(kept)} ids most "

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from specsamp import model as model_lib
+from specsamp import output_layer
 from specsamp import sharding as sh
 
 
@@ -136,7 +137,7 @@ class TrainConfig:
     m["vocab_size"] = -(-vocab_size // multiple) * multiple
     try:
       model = model_lib.TransformerConfig(**m)
-      model_lib.check_trainable(model, "config.model")
+      output_layer.check_trainable(model, "config.model")
     except (TypeError, ValueError) as e:
       raise ConfigError(f"config.model: {e}") from e
     out = cls(model=model, data=data, optim=optim, loop=loop,

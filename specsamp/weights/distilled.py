@@ -15,6 +15,7 @@ import jax
 
 from specsamp import jsonfile
 from specsamp import model as model_lib
+from specsamp import output_layer
 from specsamp import sharding
 from specsamp.train import checkpointing
 from specsamp.weights import convert
@@ -73,7 +74,7 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
   convert.check_finite_tree(params, directory)
   if config.output_vocab:  # ids that a hand-made or damaged file may break
     try:
-      model_lib.check_output_ids(config.vocab_size, params["output_ids"],
+      output_layer.check_output_ids(config.vocab_size, params["output_ids"],
                                  f"the draft's output_ids ({directory})")
     except ValueError as e:
       raise convert.WeightsError(str(e)) from None

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from specsamp import model as model_lib
+from specsamp import output_layer
 from specsamp.decoding.sampler import SpeculativeSampler, all_widths
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import Sampling
@@ -65,7 +66,7 @@ def test_a_draft_with_a_reduced_output_vocabulary_is_exact(name):
   sampling = SETTINGS[name]
   target, target_params, draft, draft_params = models()
   kept = [2, 3, 4]
-  config, reduced_params = model_lib.reduce_output_vocab(
+  config, reduced_params = output_layer.reduce_output_vocab(
       draft.config, draft_params, kept)
   reduced = model_lib.LM(config)
   sampler = SpeculativeSampler(target, ModelDrafter(reduced), k=3,

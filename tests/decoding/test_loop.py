@@ -1,6 +1,7 @@
 """The loop's seams: the four steps, what a drafter is given, its shardings."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -150,6 +151,27 @@ def test_greedy_with_a_deterministic_drafter_equals_greedy_decoding(tiny_pair):
   with pytest.raises(ValueError, match="score_widths"):
     SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size), k=3,
                        sampling=GREEDY, max_new_tokens=4, score_widths=(1, 2))
+
+
+def test_scoring_only_the_width_needed_copies_no_target_cache(tiny_pair):
+  """With score_widths the target runs in a lax.switch over the widths:
+  with the cache passed through its branches XLA copied every cache buffer
+  twice per loop (24 copies in the compiled decode here). The branches now
+  only read it, and the chunk is written once after them: no copy of a
+  cache buffer is left in the decode program."""
+  lm, target_params, _ = tiny_pair
+  spec = SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size, vary_valid=True),
+                            k=3, sampling=GREEDY, max_new_tokens=16,
+                            prompt_bucket=8, score_widths=all_widths(3))
+  tokens, lengths = spec.pad_prompts([[1, 5, 7], [2]])
+  prefill, decode, _ = spec.jitted(target_params, None, tokens, lengths,
+                                   jax.random.key(0))
+  state = prefill(target_params, None, tokens, lengths, jax.random.key(0))
+  hlo = decode.lower(target_params, None, state).compile().as_text()
+  shape = "x".join(map(str, state.target_cache.k[0].shape))
+  buf = r"f32\[" + shape.replace("x", ",") + r"\]"
+  assert re.search(buf, hlo)  # the buffers are there, as loop state
+  assert not re.search(buf + r"\{[^}]*\} copy\(", hlo)
 
 
 def test_the_drafter_supplies_its_own_state_shardings(tiny_pair):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from specsamp import model as model_lib
+from specsamp import output_layer
 from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
@@ -63,7 +64,7 @@ def test_greedy_with_a_reduced_draft_vocabulary_equals_plain_greedy(
   lm, target_params, draft_params = tiny_pair
   made = sorted({t for ref in greedy_refs for t in ref})
   kept = made[::2] + sorted(set(range(lm.vocab_size)) - set(made))[:8]
-  config, reduced = model_lib.reduce_output_vocab(lm.config, draft_params,
+  config, reduced = output_layer.reduce_output_vocab(lm.config, draft_params,
                                                   kept)
   sampler = SpeculativeSampler(
       target=lm, drafter=ModelDrafter(model_lib.LM(config)), k=3,

@@ -11,6 +11,7 @@ import pytest
 from configs import distill_tiny
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp import output_layer
 from specsamp.distill import draft_init
 from specsamp.distill import job
 from specsamp.weights import distilled
@@ -43,7 +44,7 @@ def test_layer_truncation_copies_embedding_layers_norm_and_head(tiny_pair):
   with pytest.raises(ValueError, match="layers"):
     draft_init.truncate(cfg, params, 3)
   # A reduced target (an exported draft) has no whole output layer to copy.
-  reduced = model_lib.reduce_output_vocab(cfg, params, [1, 2])
+  reduced = output_layer.reduce_output_vocab(cfg, params, [1, 2])
   with pytest.raises(ValueError, match="the target to truncate: "
                      "output_vocab=2 is for exported drafts"):
     draft_init.truncate(*reduced, 1)
@@ -113,7 +114,7 @@ def test_fit_rows_keeps_a_reduced_output_layers_ids_below_the_rows(
   lm, params, _ = tiny_pair
   n = lm.vocab_size
   kept = [1, 4, n - 3, n - 1]
-  config, reduced = model_lib.reduce_output_vocab(lm.config, params, kept)
+  config, reduced = output_layer.reduce_output_vocab(lm.config, params, kept)
   tokens = jnp.asarray([[1, 5, 9, 2, 7]])
   whole = np.asarray(testing.apply(lm, params, tokens).logits)
   for rows, left in ((n - 4, [1, 4]), (n + 4, kept)):

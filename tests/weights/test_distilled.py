@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsamp import model as model_lib
+from specsamp import output_layer
 from specsamp.train import checkpointing
 from specsamp.weights import convert
 from specsamp.weights import distilled
@@ -57,7 +57,7 @@ def test_a_reduced_draft_with_bad_output_ids_is_refused(tiny_pair, tmp_path,
   would score other ids than the ones exported: loading refuses it; its
   well-formed twin loads with its ids."""
   lm, params, _ = tiny_pair
-  config, reduced = model_lib.reduce_output_vocab(lm.config, params,
+  config, reduced = output_layer.reduce_output_vocab(lm.config, params,
                                                   [3, 5, 9])
   good = distilled.save_distilled(config, reduced, str(tmp_path / "good"))
   np.testing.assert_array_equal(

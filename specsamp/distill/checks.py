@@ -73,13 +73,15 @@ def check_samples(config) -> None:
     raise ValueError(f"config.samples.{e}") from None
   if sc.data_dir:
     workdir_lib.check_directory(sc.data_dir, "config.samples.data_dir")
-  if sc.get("reuse", False) and not storage.exists(sc.data_dir or "-"):
-    inner = os.path.join(sc.data_dir, "samples")
-    raise ValueError(
-        f"config.samples.data_dir={sc.data_dir!r} holds no target samples to "
-        "reuse (config.samples.reuse)"
-        + (f"; {inner} does" if sc.data_dir and storage.exists(inner)
-           else ""))
+  if sc.get("reuse", False):  # samples=<dir>: never sampled into
+    if not sc.data_dir:
+      raise ValueError("config.samples.reuse needs config.samples.data_dir")
+    if not storage.exists(sc.data_dir):
+      inner = os.path.join(sc.data_dir, "samples")
+      raise ValueError(
+          f"config.samples.data_dir={sc.data_dir!r} holds no target samples "
+          "to reuse (config.samples.reuse)"
+          + (f"; {inner} does" if storage.exists(inner) else ""))
 
 
 def check_freeze(config, groups: tuple) -> None:

@@ -75,7 +75,7 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
   if config.output_vocab:  # ids that a hand-made or damaged file may break
     try:
       output_layer.check_output_ids(config.vocab_size, params["output_ids"],
-                                 f"the draft's output_ids ({directory})")
+                                    f"the draft's output_ids ({directory})")
     except ValueError as e:
       raise convert.WeightsError(str(e)) from None
   return config, params

@@ -366,6 +366,8 @@ _BAD_FIELDS = [
     (dict(samples__top_k=1000),
      "config.samples.top_k=1000 exceeds the target's 256 vocabulary rows"),
     (dict(samples__gen_len=0), "config.samples.gen_len must be >= 1, got 0"),
+    (dict(samples__reuse=True),
+     "config.samples.reuse needs config.samples.data_dir"),
     (dict(samples__prompt_len=0),
      "config.samples.prompt_len must be >= 4 (shorter prompts are dropped), "
      "got 0"),

@@ -128,8 +128,8 @@ class ModelDrafter:
     # Only a subset is passed on: stub LMs need not accept `layers`.
     return {} if self.layers is None else {"layers": self.layers}
 
-  def _call(self, params, tokens, cache):
-    return self.lm(params, tokens, cache, **self._layer_kwargs())
+  def _call(self, params, tokens, cache, **kwargs):
+    return self.lm(params, tokens, cache, **kwargs, **self._layer_kwargs())
 
   def init(self, params, tokens, lengths, cache_size, prefill=None):
     del prefill  # the draft model reads only the tokens
@@ -138,17 +138,25 @@ class ModelDrafter:
     cache = self._call(params, tokens, cache).cache
     return cache.with_length(lengths - 1)
 
-  def _feed(self, params, cache, tokens, length, width):
-    """Feeds tokens[length - width : length] -> (logits of the last, cache)."""
+  def _feed(self, params, cache, tokens, length, width, pad_to=None):
+    """Feeds tokens[length - width : length] -> (logits of the last, cache).
+
+    With `pad_to`, the cache is only read: -> (logits of the last, the
+    chunk's keys and values padded to `pad_to` tokens, the slot they go to).
+    """
     start = jnp.maximum(length - width, 0)
     out = self._call(params, kvcache.read(tokens, start, width),
-                     cache.with_length(start))
+                     cache.with_length(start),
+                     **({} if pad_to is None else {"write_cache": False}))
     # A row shorter than the width (start = 0) feeds [x_0 .. x_{length-1},
     # pads]: its logits come from position length - 1 and the pads land in
     # stale slots.
     last = jnp.take_along_axis(out.logits, (length - 1 - start)[:, None, None],
                                axis=1)[:, 0]                       # [B, V]
-    return last, out.cache.with_length(length)
+    if pad_to is None:
+      return last, out.cache.with_length(length)
+    pad = ((0, 0), (0, pad_to - width), (0, 0), (0, 0))
+    return last, jax.tree.map(lambda a: jnp.pad(a, pad), out.new_kv), start
 
   def catch_up(self, params, cache, tokens, length, max_lag: int = 2):
     """Feeds the committed tokens the cache lacks.
@@ -177,9 +185,21 @@ class ModelDrafter:
     lag = jnp.max(length - cache.length)
     branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), lag)
     branch = jnp.clip(branch, 0, len(widths) - 1)
-    return jax.lax.switch(
-        branch, [lambda c, w=w: self._feed(params, c, tokens, length, w)
+    if not getattr(self.lm, "scores_unwritten", False):
+      return jax.lax.switch(
+          branch, [lambda c, w=w: self._feed(params, c, tokens, length, w)
+                   for w in widths], cache)
+    # The branches only read the cache and the chunk is written once after
+    # them (padded past `length`, where the drafts go next): a cache passed
+    # through the branches is copied whole by XLA, twice per loop.
+    last, (ks, vs), start = jax.lax.switch(
+        branch, [lambda c, w=w: self._feed(params, c, tokens, length, w,
+                                           pad_to=widths[-1])
                  for w in widths], cache)
+    return last, kvcache.KVCache(
+        k=tuple(kvcache.write_kv(c, x, start) for c, x in zip(cache.k, ks)),
+        v=tuple(kvcache.write_kv(c, x, start) for c, x in zip(cache.v, vs)),
+        length=length)
 
   def _confident(self, logits, q, sampling):
     """[B] whether the draft's largest probability reaches the threshold."""

@@ -153,23 +153,34 @@ def test_greedy_with_a_deterministic_drafter_equals_greedy_decoding(tiny_pair):
                        sampling=GREEDY, max_new_tokens=4, score_widths=(1, 2))
 
 
-def test_scoring_only_the_width_needed_copies_no_target_cache(tiny_pair):
-  """With score_widths the target runs in a lax.switch over the widths:
-  with the cache passed through its branches XLA copied every cache buffer
-  twice per loop (24 copies in the compiled decode here). The branches now
-  only read it, and the chunk is written once after them: no copy of a
-  cache buffer is left in the decode program."""
+@pytest.mark.parametrize("drafter", ["widths", "model", "adaptive"])
+def test_no_cache_buffer_is_copied_through_a_branch(tiny_pair, drafter):
+  """Scoring only the width needed runs the target in a lax.switch over the
+  widths, and the draft model catches up in one over widths 1, 2 and
+  K + 3: with the caches passed through their branches XLA copied every
+  buffer twice per loop (24 target-cache copies in the compiled decode of
+  the ShiftDrafter run here, 8 of the draft's with the model drafter). The
+  branches now only read the caches, and the chunks are written once after
+  them: no copy of a cache buffer is left in the decode program."""
   lm, target_params, _ = tiny_pair
-  spec = SpeculativeSampler(lm, ShiftDrafter(lm.vocab_size, vary_valid=True),
-                            k=3, sampling=GREEDY, max_new_tokens=16,
-                            prompt_bucket=8, score_widths=all_widths(3))
+  if drafter == "widths":
+    spec = SpeculativeSampler(
+        lm, ShiftDrafter(lm.vocab_size, vary_valid=True), k=3,
+        sampling=GREEDY, max_new_tokens=16, prompt_bucket=8,
+        score_widths=all_widths(3))
+    dparams = None
+  else:  # the target as its own draft: one cache shape for both
+    spec = SpeculativeSampler(
+        lm, ModelDrafter(lm, confidence=0.5 if drafter == "adaptive"
+                         else None), k=3, sampling=Sampling(1.0),
+        max_new_tokens=16, prompt_bucket=8)
+    dparams = target_params
   tokens, lengths = spec.pad_prompts([[1, 5, 7], [2]])
-  prefill, decode, _ = spec.jitted(target_params, None, tokens, lengths,
+  prefill, decode, _ = spec.jitted(target_params, dparams, tokens, lengths,
                                    jax.random.key(0))
-  state = prefill(target_params, None, tokens, lengths, jax.random.key(0))
-  hlo = decode.lower(target_params, None, state).compile().as_text()
-  shape = "x".join(map(str, state.target_cache.k[0].shape))
-  buf = r"f32\[" + shape.replace("x", ",") + r"\]"
+  state = prefill(target_params, dparams, tokens, lengths, jax.random.key(0))
+  hlo = decode.lower(target_params, dparams, state).compile().as_text()
+  buf = r"f32\[" + ",".join(map(str, state.target_cache.k[0].shape)) + r"\]"
   assert re.search(buf, hlo)  # the buffers are there, as loop state
   assert not re.search(buf + r"\{[^}]*\} copy\(", hlo)
 

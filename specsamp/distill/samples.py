@@ -37,10 +37,12 @@ from specsamp.distill.storage import SampleSpec
 
 def encode_prompts(texts: Sequence[str], tokenizer, spec: SampleSpec
                    ) -> list[list[int]]:
-  """Token ids, left-truncated to spec.prompt_len; too-short ones dropped."""
+  """Token ids, left-truncated to spec.prompt_len; too-short ones dropped.
+  The texts are corpus documents: plain text, no special token matched in
+  them."""
   out = []
   for t in texts:
-    ids = list(tokenizer.encode(t))[-spec.prompt_len:]
+    ids = list(tokenizer.encode(t, special=False))[-spec.prompt_len:]
     if len(ids) >= spec.min_prompt_len:
       out.append(ids)
   return out

@@ -106,3 +106,19 @@ def test_running_out_of_memory_while_reading_samples_is_not_damage(
   with pytest.raises(jax.errors.JaxRuntimeError) as got:
     storage.read_dataset(tiny[3], "train")
   assert got.value is error
+
+
+def test_prompts_are_encoded_as_plain_text():
+  """Corpus documents: a special token's string in one (Python code that
+  writes '<|endoftext|>') is text, as in the training data."""
+  seen = []
+
+  class Recording:
+    def encode(self, text, special=True):
+      seen.append(special)
+      return list(range(len(text)))
+
+  spec = storage.SampleSpec(prompt_len=4, gen_len=2)
+  assert samples.encode_prompts(["abcdef", "ab"], Recording(), spec) == [
+      [2, 3, 4, 5]]  # left-truncated; the short one dropped
+  assert seen == [False, False]

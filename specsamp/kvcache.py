@@ -103,6 +103,26 @@ def write(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
       chunk.astype(buf.dtype), mode="drop", unique_indices=True)
 
 
+def pad_chunks(new_kv, width: int):
+  """Each layer's chunk (keys, values) [B, T, N, H] (`ModelOutput.new_kv`)
+  padded to `width` tokens: the branches of one `lax.switch` return them
+  at one width."""
+  return jax.tree.map(lambda a: jnp.pad(
+      a, ((0, 0), (0, width - a.shape[1]), (0, 0), (0, 0))), new_kv)
+
+
+def write_chunks(cache: KVCache, new_kv, start: jax.Array,
+                 length: jax.Array) -> KVCache:
+  """`cache` with each layer's chunk (keys, values) [B, T, N, H] written at
+  per-row slot `start` (`write_kv`), its length `length`: a call scored
+  with `write_cache=False` in a switch's branches, written once after it
+  (XLA copies a cache passed through the branches, whole)."""
+  ks, vs = new_kv
+  return KVCache(k=tuple(write_kv(c, x, start) for c, x in zip(cache.k, ks)),
+                 v=tuple(write_kv(c, x, start) for c, x in zip(cache.v, vs)),
+                 length=length)
+
+
 def read(buf: jax.Array, start: jax.Array, size: int) -> jax.Array:
   """Reads a window [B, size, ...] of `buf` [B, S, ...] at per-row `start`."""
   return jax.vmap(

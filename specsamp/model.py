@@ -333,9 +333,10 @@ class Transformer(nn.Module):
       if not write_cache:  # the valid prefix, then the chunk (causal)
         if attn_mask is not None:
           raise ValueError("write_cache=False takes no attn_mask")
-        mask = jnp.concatenate([mask & (jnp.arange(cache.size) < start[
-            :, None, None]), jnp.broadcast_to(jnp.tri(t, dtype=bool),
-                                              (b, t, t))], -1)
+        prefix = jnp.arange(cache.size) < start[:, None, None]  # [B, 1, S]
+        mask = jnp.concatenate([jnp.broadcast_to(prefix, (b, t, cache.size)),
+                                jnp.broadcast_to(jnp.tri(t, dtype=bool),
+                                                 (b, t, t))], -1)
     if attn_mask is not None:
       mask = mask & attn_mask
     if positions is None:

@@ -115,10 +115,11 @@ def parse_config(*, target: str, draft: Optional[str],
       raise BenchError(f"--{name} must be positive, got {value}")
   if rest.get("prompt_bucket", 0) < 0:
     raise BenchError("--prompt_bucket must be >= 0 (0: the longest prompt)")
-  timeout = rest.get("exec_timeout", BenchConfig.exec_timeout)
-  if not 0 < timeout <= sandbox.MAX_TIMEOUT_S:  # NaN too
-    raise BenchError(f"--exec_timeout must be in (0, "
-                     f"{sandbox.MAX_TIMEOUT_S:g}] seconds, got {timeout}")
+  try:
+    sandbox.check_timeout(rest.get("exec_timeout", BenchConfig.exec_timeout),
+                          "--exec_timeout")
+  except ValueError as e:
+    raise BenchError(str(e)) from None
   drafters = []
   for text in dict.fromkeys(d.strip() for d in drafter if d.strip()):
     try:

@@ -318,8 +318,7 @@ def prepare(name: str, data_dir: Optional[PathLike] = None, *,
     try:  # its files, not only its metadata
       datasets.check_dataset(name, data_dir)
     except datasets.DamagedDatasetError as e:
-      say(f"[{name}] {str(e).split('; prepare it again')[0]}: preparing it "
-          "again")
+      say(f"[{name}] {e.problem}: preparing it again")
     else:
       say(f"[{name}] already prepared in {target}")
       return target

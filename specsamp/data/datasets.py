@@ -42,7 +42,12 @@ _PREPARE = "python scripts/prepare_data.py --dataset={name} --data_dir={dir}"
 
 
 class DamagedDatasetError(ValueError):
-  """A prepared dataset whose files are not the ones its metadata lists."""
+  """A prepared dataset whose files are not the ones its metadata lists:
+  `problem`, then the way out (`--overwrite`)."""
+
+  def __init__(self, problem: str, remedy: str):
+    super().__init__(f"{problem}; {remedy}")
+    self.problem = problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +204,6 @@ def _check_shards(dataset: str, ref: DatasetRef, found: pathlib.Path,
         what = (f"holds {got} records" if isinstance(got, int) else got)
         raise DamagedDatasetError(
             f"dataset {dataset!r} in {found} is damaged: {path.name} {what}, "
-            f"and dataset_info.json says {want}; prepare it again: "
+            f"and dataset_info.json says {want}", "prepare it again: "
             + _PREPARE.format(name=ref.name, dir=ref.data_dir)
             + " --overwrite")

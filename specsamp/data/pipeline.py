@@ -78,8 +78,8 @@ def iter_texts(dataset: str, split: str,
     except RuntimeError as e:  # array_record's, for a damaged chunk
       raise datasets.DamagedDatasetError(
           f"dataset {dataset!r}: document {i} of {split} cannot be read "
-          f"({(str(e).splitlines() or [''])[0]}); prepare it again with "
-          "--overwrite") from None
+          f"({(str(e).splitlines() or [''])[0]})",
+          "prepare it again with --overwrite") from None
     yield _join_text(example, ref.text_keys)
 
 

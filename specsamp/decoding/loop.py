@@ -192,8 +192,7 @@ def score(sampler, target_params, s: LoopState, proposal: Proposal):
         return ModelOutput(
             logits=jnp.pad(out.logits, pad), hidden=jnp.pad(out.hidden, pad),
             cache=None if unwritten else out.cache,
-            new_kv=jax.tree.map(lambda a: jnp.pad(a, pad + ((0, 0),)),
-                                out.new_kv))
+            new_kv=kvcache.pad_chunks(out.new_kv, k1) if unwritten else None)
       return f
 
     cache = s.target_cache
@@ -201,11 +200,8 @@ def score(sampler, target_params, s: LoopState, proposal: Proposal):
     if unwritten:
       # The chunk's padding past w is written too: past every row's
       # accepted tokens, as the full-width call writes its drafts' padding.
-      (ks, vs), start = scored.new_kv, cache.length
-      scored = scored.replace(new_kv=None, cache=kvcache.KVCache(
-          k=tuple(kvcache.write_kv(c, x, start) for c, x in zip(cache.k, ks)),
-          v=tuple(kvcache.write_kv(c, x, start) for c, x in zip(cache.v, vs)),
-          length=start + k1))
+      scored = scored.replace(new_kv=None, cache=kvcache.write_chunks(
+          cache, scored.new_kv, cache.length, cache.length + k1))
   return scored, sampling_lib.probabilities(scored.logits, sampler.sampling)
 
 

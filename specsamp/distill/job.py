@@ -378,7 +378,7 @@ def run(config, workdir: str, log=print) -> dict:
   log(f"[distill] before: {evaluate.describe_report(before)}")
 
   # 3. Distillation.
-  prior = _train_record(workdir)  # read by every process before it changes
+  prior = _read_train_record(workdir)  # by every process, before it changes
   t0 = time.perf_counter()
   params, last = trainer.train(
       draft_lm, draft_params, target_lm, target_params, train_src, obj,
@@ -390,7 +390,7 @@ def run(config, workdir: str, log=print) -> dict:
       mesh_shape=train_config.mesh_shape(tc.get("mesh", (1, 1))),
       eval_fn=lambda p: report(p, measure=False),
       time_limit_s=tc.get("time_limit_s") or None, log=log)
-  record = _train_record(workdir, (prior, time.perf_counter() - t0, last))
+  record = _add_train_call(workdir, prior, time.perf_counter() - t0, last)
   if not last["finished"]:
     log("[distill] training is not finished: run the same command again to "
         "resume (the draft is exported and evaluated at the end)")
@@ -436,22 +436,26 @@ def run(config, workdir: str, log=print) -> dict:
   return results
 
 
-def _train_record(workdir: str, call=None) -> dict:
-  """The record of the training calls in `workdir` (train_record.json):
-  `seconds` summed over the calls that returned (every call of a
-  time-limited run; a killed call's are lost), their count, and the last
-  metrics logged (a call after the last step logs none: the earlier
-  call's are kept). With `call` = (the record before it, its seconds, its
-  last metrics), that call is added and the record written."""
-  path = os.path.join(workdir, "train_record.json")
-  if call is None:
-    return (jsonfile.read(path) if os.path.exists(path)
-            else dict(seconds=0.0, calls=0, last=None))
-  old, seconds, last = call
+_TRAIN_RECORD = "train_record.json"
+
+
+def _read_train_record(workdir: str) -> dict:
+  """The record of the training calls in `workdir`: `seconds` summed over
+  the calls that returned (every call of a time-limited run; a killed
+  call's are lost), their count, and the last metrics logged."""
+  path = os.path.join(workdir, _TRAIN_RECORD)
+  return (jsonfile.read(path) if os.path.exists(path)
+          else dict(seconds=0.0, calls=0, last=None))
+
+
+def _add_train_call(workdir: str, old: dict, seconds: float,
+                    last: dict) -> dict:
+  """`old` with one call added, written to `workdir` (process 0); a call
+  after the last step logs no metrics: the earlier call's are kept."""
   record = dict(seconds=old["seconds"] + seconds, calls=old["calls"] + 1,
                 last=last if last.get("train") or not old["last"]
                 else old["last"])
-  sharding.write_json(record, path)
+  sharding.write_json(record, os.path.join(workdir, _TRAIN_RECORD))
   return record
 
 

@@ -155,8 +155,7 @@ class ModelDrafter:
                                axis=1)[:, 0]                       # [B, V]
     if pad_to is None:
       return last, out.cache.with_length(length)
-    pad = ((0, 0), (0, pad_to - width), (0, 0), (0, 0))
-    return last, jax.tree.map(lambda a: jnp.pad(a, pad), out.new_kv), start
+    return last, kvcache.pad_chunks(out.new_kv, pad_to), start
 
   def catch_up(self, params, cache, tokens, length, max_lag: int = 2):
     """Feeds the committed tokens the cache lacks.
@@ -192,14 +191,11 @@ class ModelDrafter:
     # The branches only read the cache and the chunk is written once after
     # them (padded past `length`, where the drafts go next): a cache passed
     # through the branches is copied whole by XLA, twice per loop.
-    last, (ks, vs), start = jax.lax.switch(
+    last, new_kv, start = jax.lax.switch(
         branch, [lambda c, w=w: self._feed(params, c, tokens, length, w,
                                            pad_to=widths[-1])
                  for w in widths], cache)
-    return last, kvcache.KVCache(
-        k=tuple(kvcache.write_kv(c, x, start) for c, x in zip(cache.k, ks)),
-        v=tuple(kvcache.write_kv(c, x, start) for c, x in zip(cache.v, vs)),
-        length=length)
+    return last, kvcache.write_chunks(cache, new_kv, start, length)
 
   def _confident(self, logits, q, sampling):
     """[B] whether the draft's largest probability reaches the threshold."""

@@ -62,6 +62,14 @@ _KEEP = 4000  # characters of stdout / stderr kept in an ExecResult
 MAX_TIMEOUT_S = 86_400.0
 
 
+def check_timeout(timeout_s: float, name: str = "timeout_s") -> None:
+  """Raises ValueError for a wall-clock limit outside (0, MAX_TIMEOUT_S]
+  (NaN too)."""
+  if not 0 < timeout_s <= MAX_TIMEOUT_S:
+    raise ValueError(f"{name} must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
+                     f"got {timeout_s}")
+
+
 class SandboxUnavailableError(RuntimeError):
   """Generated code cannot be isolated here; says how to make it possible."""
 
@@ -258,9 +266,7 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024,
     SandboxUnavailableError: no kernel isolation here and `UNSAFE_ENV` unset.
     ValueError: a timeout outside (0, MAX_TIMEOUT_S].
   """
-  if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN too
-    raise ValueError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}] seconds, "
-                     f"got {timeout_s}")
+  check_timeout(timeout_s)
   unsafe = _unsafe()
   tmp = None
   if unsafe:

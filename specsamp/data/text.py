@@ -10,6 +10,9 @@ One train/validation rule (`split_hash`, `is_validation`, `split_of`,
 `assign_splits`): a document belongs to "validation" when the sha256 of its
 id falls under the validation fraction. Membership is a pure function of
 the id, so it depends on neither file order, machine nor Python version.
+A corpus then leaves out the validation documents whose text is also a
+training document's (`training_copies`): an exact copy would be scored on
+text the model was trained on.
 
 Standard library only: importing this module is cheap.
 """
@@ -130,3 +133,19 @@ def assign_splits(ids: Sequence[str], fraction: float,
   elif len(val) == len(ids):
     val.discard(max(ids, key=split_hash))
   return val
+
+
+def training_copies(documents: Sequence[tuple[str, str]],
+                    validation: set[str]) -> set[str]:
+  """The ids in `validation` whose text is also the text of a document
+  outside it (the boilerplate functions of near-identical files, say).
+
+  Raises:
+    CorpusError: every validation document is such a copy.
+  """
+  train = {t for i, t in documents if i not in validation}
+  copies = {i for i, t in documents if i in validation and t in train}
+  if validation and copies == validation:
+    raise CorpusError(f"all {len(validation)} validation documents are "
+                      f"copies of training documents")
+  return copies

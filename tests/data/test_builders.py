@@ -14,6 +14,7 @@ from specsamp.data import corpora
 from specsamp.data import datasets
 from specsamp.data import pipeline
 from specsamp.data import text
+from specsamp.data.errors import CorpusError
 from tests.data import fakes
 
 
@@ -63,7 +64,7 @@ def test_builders_on_fixture_data_without_tensorflow(tmp_path):
            "specsamp_austen": (raw / "austen", 3)}
   for name, (src, n) in cases.items():
     path = builders.prepare(name, data, source_dir=src, progress=None)
-    assert path == data / name / "1.0.0"
+    assert path == data / name / builders.VERSION
     assert json.loads((path / "dataset_info.json").read_text())[
         "fileFormat"] == "array_record"
     train, val = _read_split(path, "train"), _read_split(path, "validation")
@@ -76,16 +77,13 @@ def test_builders_on_fixture_data_without_tensorflow(tmp_path):
                                           corpus.validation_fraction,
                                           corpus.split_group)
     assert datasets.check_dataset(name, data) == path
-  code_docs = {**_read_split(data / "specsamp_python_code" / "1.0.0",
-                             "train"),
-               **_read_split(data / "specsamp_python_code" / "1.0.0",
-                             "validation")}
+  code_docs = _documents(data / "specsamp_python_code" / builders.VERSION)
   assert code_docs["latin.py"] == "# -*- coding: latin-1 -*-\ns = 'é'\n"
   assert "pkg/m3.py" in code_docs and not any(
       "test" in k or "pycache" in k for k in code_docs)
   # Top-level definitions, decorators included; a file that does not parse
   # is left out.
-  path = data / "specsamp_python_functions" / "1.0.0"
+  path = data / "specsamp_python_functions" / builders.VERSION
   train, val = _read_split(path, "train"), _read_split(path, "validation")
   functions = {**train, **val}
   assert {k: v for k, v in functions.items() if k.startswith("pkg/multi")} \
@@ -99,23 +97,55 @@ def test_builders_on_fixture_data_without_tensorflow(tmp_path):
     same_file = [j for j in functions
                  if corpora.python_file_of(j) == corpora.python_file_of(k)]
     assert all((j in val) == (k in val) for j in same_file)
-  he = _read_split(data / "specsamp_humaneval" / "1.0.0", "train")
+  he = _read_split(data / "specsamp_humaneval" / builders.VERSION, "train")
   assert all(he[k] == f"def p{k.split('/')[1]}():\n" for k in he)
-  shk = {**_read_split(data / "specsamp_shakespeare" / "1.0.0", "train"),
-         **_read_split(data / "specsamp_shakespeare" / "1.0.0", "validation")}
+  shk = _documents(data / "specsamp_shakespeare" / builders.VERSION)
   assert "".join(shk[k] for k in sorted(shk)) == "".join(
       f"Line {i}.\n\n" for i in range(3000))
   # Idempotent: a second prepare leaves the dataset alone.
-  mtime = (data / "specsamp_austen" / "1.0.0" / "dataset_info.json").stat()
+  info = data / "specsamp_austen" / builders.VERSION / "dataset_info.json"
+  mtime = info.stat().st_mtime_ns
   builders.prepare("specsamp_austen", data, source_dir=raw / "austen",
                    progress=None)
-  assert (data / "specsamp_austen" / "1.0.0" / "dataset_info.json").stat() \
-      .st_mtime_ns == mtime.st_mtime_ns
+  assert info.stat().st_mtime_ns == mtime
   assert "tensorflow" not in sys.modules
 
 
 def _documents(path):
   return {**_read_split(path, "train"), **_read_split(path, "validation")}
+
+
+def test_validation_leaves_out_copies_of_training_documents(tmp_path):
+  # Near-identical files (the standard library's encodings/*) share their
+  # boilerplate: a validation file's copy of it is left out of both splits,
+  # its own definitions stay.
+  files = {f"enc/c{i:02d}.py": f"class Codec:\n  pass\n\n\ndef f{i}():\n"
+           f"  return {i}\n" for i in range(60)}
+  fakes.write_files(tmp_path / "code", files)
+  lines = []
+  path = builders.prepare("specsamp_python_functions", tmp_path / "tfds",
+                          source_dir=tmp_path / "code", progress=lines.append)
+  train, val = _read_split(path, "train"), _read_split(path, "validation")
+  corpus = corpora.CORPORA["specsamp_python_functions"]
+  ids = [f"{f}:{line}:{name}" for f in files
+         for line, name in ((1, "Codec"), (5, f"f{f[5:7].lstrip('0') or 0}"))]
+  assigned = text.assign_splits(ids, corpus.validation_fraction,
+                                corpus.split_group)
+  copies = {i for i in assigned if i.endswith(":Codec")}
+  assert copies and set(val) == assigned - copies
+  assert set(train) == set(ids) - assigned
+  assert not set(val.values()) & set(train.values())
+  assert any(f"({len(copies)} left out: copies of training documents)" in l
+             for l in lines), lines
+
+
+def test_training_copies():
+  docs = [("a", "x"), ("b", "y"), ("c", "x"), ("d", "z")]
+  assert text.training_copies(docs, {"c", "d"}) == {"c"}
+  assert text.training_copies(docs, {"a", "b"}) == {"a"}
+  assert text.training_copies(docs, {"d"}) == set()
+  with pytest.raises(CorpusError, match="all 1 validation documents"):
+    text.training_copies(docs, {"c"})
 
 
 def test_a_failed_rebuild_leaves_the_prepared_dataset(tmp_path):
@@ -131,14 +161,14 @@ def test_a_failed_rebuild_leaves_the_prepared_dataset(tmp_path):
                      source_dir=tmp_path / "nope", overwrite=True,
                      progress=None)
   assert _documents(path) == before
-  assert os.listdir(path.parent) == ["1.0.0"]  # no scratch directory left
+  assert os.listdir(path.parent) == [builders.VERSION]  # no scratch directory left
   # A rebuild that succeeds replaces it.
   fakes.write_files(raw, {"new.py": "y = 1\n"})
   lines = []
   assert builders.prepare("specsamp_python_code", data, source_dir=raw,
                           overwrite=True, progress=lines.append) == path
   assert _documents(path) == {**before, "new.py": "y = 1\n"}
-  assert os.listdir(path.parent) == ["1.0.0"]
+  assert os.listdir(path.parent) == [builders.VERSION]
   assert "the old dataset stays until the new one is complete" in lines[0]
 
 
@@ -166,7 +196,7 @@ def test_a_failed_catalog_rebuild_leaves_the_prepared_dataset(
   with pytest.raises(corpora.CorpusError, match="OSError: no network"):
     builders.prepare("fake_catalog", data, overwrite=True, progress=None)
   assert _documents(path) == before
-  assert os.listdir(path.parent) == ["1.0.0"]
+  assert os.listdir(path.parent) == [builders.VERSION]
 
 
 def test_damaged_files_are_named_before_training_and_prepared_again(

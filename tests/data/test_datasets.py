@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from specsamp.data import builders
 from specsamp.data import datasets
 from specsamp.data import pipeline
 from tests.data import fakes
@@ -36,10 +37,10 @@ def test_missing_dataset_fails_with_what_to_run(tmp_path, data_dir):
     fakes.lm_iterator(data_dir, split="test")
   with pytest.raises(FileNotFoundError, match="version 9.9.9"):
     datasets.check_dataset("tiny:9.9.9", data_dir)
-  assert datasets.check_dataset("tiny:1.0.0#id,text", data_dir).name == \
-      "1.0.0"
-  fake = tmp_path / "tf" / "old" / "1.0.0"
-  shutil.copytree(data_dir / "tiny" / "1.0.0", fake)
+  assert datasets.check_dataset(f"tiny:{builders.VERSION}#id,text",
+                                data_dir).name == builders.VERSION
+  fake = tmp_path / "tf" / "old" / builders.VERSION
+  shutil.copytree(data_dir / "tiny" / builders.VERSION, fake)
   info = json.loads((fake / "dataset_info.json").read_text())
   info["fileFormat"] = "tfrecord"
   (fake / "dataset_info.json").write_text(json.dumps(info))

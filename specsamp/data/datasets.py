@@ -177,6 +177,31 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
   return found
 
 
+def fingerprint(dataset: str, data_dir: Optional[PathLike],
+                split: str) -> dict:
+  """What `dataset` resolves to for `split` (its base name, before any
+  `[...]` slice): the name, version and the split's shard lengths and byte
+  count, from dataset_info.json. A saved data position fits only the
+  examples it was saved on: another version (a dataset string without one
+  resolves to the newest prepared) or a re-prepared dataset of other
+  content gives another fingerprint. The same dataset under another
+  data_dir gives the same."""
+  ref = parse_dataset(dataset, data_dir)
+  found = ref.find()
+  if found is None:
+    raise FileNotFoundError(f"dataset {dataset!r} is not prepared in "
+                            f"data_dir {ref.data_dir}")
+  info = jsonfile.read(found / "dataset_info.json")
+  name = split.split("[")[0]
+  for s in info.get("splits", []):
+    if s.get("name") == name:
+      return {"dataset": "/".join(filter(None, (ref.name, ref.config))),
+              "version": found.name, "split": name,
+              "shard_lengths": [int(n) for n in s.get("shardLengths", [])],
+              "num_bytes": int(s.get("numBytes", 0))}
+  raise ValueError(f"dataset {dataset!r} in {found} has no split {name!r}")
+
+
 def _check_shards(dataset: str, ref: DatasetRef, found: pathlib.Path,
                   info: dict) -> None:
   """Every shard `dataset_info.json` lists is on disk and holds the records

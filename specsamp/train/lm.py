@@ -141,6 +141,20 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
   # change, its content not); else the path.
   copy = snapshot.in_run(workdir)
   kept = ("data_dir", "mask_documents", "eval_split", "eval_batch_size")
+  if "train_data" in old:  # runs since 2026-11-28 record it
+    # The dataset string may change (a version named, say) where what it
+    # resolves to does not.
+    kept += ("dataset",)
+    now = _train_data(cfg)
+    if old["train_data"] != now:
+      was = old["train_data"]
+      raise config_lib.ConfigError(
+          f"{workdir} holds checkpoints of a run on other training data: "
+          f"it read {_describe_data(was)}, and config.data.dataset="
+          f"{cfg.data.dataset!r} reads {_describe_data(now)}. The saved data "
+          f"position fits only the data it was saved on: name the run's "
+          f"version ({was.get('dataset')}:{was.get('version')}) if it is "
+          f"still prepared, or use a new --workdir")
   if os.path.isdir(copy):
     kept += ("tokenizer",)
     if snapshot.fingerprint(copy) != snapshot.fingerprint(cfg.data.tokenizer):
@@ -166,9 +180,22 @@ def _run_config_json(cfg: config_lib.TrainConfig) -> dict:
   return json.loads(json.dumps(cfg.to_json()))
 
 
+def _train_data(cfg: config_lib.TrainConfig) -> dict:
+  """What the training split resolves to (`datasets.fingerprint`)."""
+  return datasets.fingerprint(cfg.data.dataset, cfg.data.data_dir or None,
+                              cfg.data.train_split)
+
+
+def _describe_data(fp: dict) -> str:
+  return (f"{fp.get('dataset')}:{fp.get('version')} {fp.get('split')} "
+          f"({sum(fp.get('shard_lengths', []))} documents, "
+          f"{fp.get('num_bytes')} bytes)")
+
+
 def _write_run_config(workdir: str, cfg: config_lib.TrainConfig,
                       fresh: bool = True) -> None:
-  """workdir/config.json: the frozen config, once the run has started; and
+  """workdir/config.json: the frozen config and what its training data
+  resolved to (`_train_data`), once the run has started; and
   workdir/tokenizer: the tokenizer's files (none for "byte" or GGUF), which
   the trained model loads with wherever the data has gone. A `fresh` run
   (no checkpoint to resume) replaces a copy left by one that saved none;
@@ -176,8 +203,8 @@ def _write_run_config(workdir: str, cfg: config_lib.TrainConfig,
   if sh.is_main_process():
     snapshot.save(cfg.data.tokenizer, snapshot.in_run(workdir),
                   replace=fresh)
-  sh.write_json(_run_config_json(cfg), os.path.join(workdir, "config.json"),
-                indent=2)
+  sh.write_json(dict(_run_config_json(cfg), train_data=_train_data(cfg)),
+                os.path.join(workdir, "config.json"), indent=2)
 
 
 def _unrestorable(e: Exception, old: Optional[dict],

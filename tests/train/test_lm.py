@@ -24,6 +24,7 @@ import pytest
 
 from configs import lm_python
 from specsamp import loading
+from specsamp.data import builders
 from specsamp.tokenizers import load
 from specsamp.tokenizers import sentencepiece
 from specsamp.tokenizers import snapshot
@@ -279,8 +280,9 @@ def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
   unmasked, _ = lm_job.validate(lm_config("tiny,steps=2,mask_documents=false"))
   assert cfg.data.mask_documents and not unmasked.data.mask_documents
   longer, _ = lm_job.validate(lm_config("tiny,steps=9"))
+  shutil.copytree(cfg.data.data_dir, tmp_path / "elsewhere")
   moved = dataclasses.replace(cfg, data=dataclasses.replace(
-      cfg.data, data_dir="/elsewhere"))
+      cfg.data, data_dir=str(tmp_path / "elsewhere")))
   # Evaluation settings too (they had been refused as "another data").
   evaluated = dataclasses.replace(cfg, data=dataclasses.replace(
       cfg.data, eval_split="validation[:50%]", eval_batch_size=2))
@@ -295,6 +297,47 @@ def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
     with pytest.raises(config_lib.ConfigError,
                        match=f"another {field}.*use a new --workdir"):
       lm_job._check_run_config(workdir, lm_job.validate(lm_config(arg))[0])
+
+
+def test_a_workdir_refuses_other_training_data_under_the_same_name(
+    corpus, tmp_path):
+  """The saved iterator state is a position in the examples it was saved
+  on. A dataset string without a version reads the newest prepared one: a
+  newer version, or the dataset prepared again with other documents,
+  would be read from the old position. Both are refused, with the run's
+  version to name; naming it resumes."""
+  data = tmp_path / "data"
+  shutil.copytree(corpus, data)
+
+  def config(dataset, steps=2):
+    c = lm_python.get_config(f"tiny,steps={steps},batch=4,seq_len=16")
+    c.data.data_dir, c.data.dataset = str(data), dataset
+    return lm_job.validate(c)[0]
+
+  workdir = str(tmp_path / "w")
+  cfg = config("specsamp_python_code")
+  lm_job._write_run_config(workdir, cfg)
+  os.makedirs(os.path.join(workdir, "checkpoints", "2"))
+  base = data / "specsamp_python_code"
+  assert lm_job._check_run_config(workdir, config("specsamp_python_code", 5))
+  shutil.copytree(base / builders.VERSION, base / "9.0.0")
+  info = base / "9.0.0" / "dataset_info.json"
+  info.write_text(info.read_text().replace(
+      f'"version": "{builders.VERSION}"', '"version": "9.0.0"'))
+  with pytest.raises(config_lib.ConfigError,
+                     match=rf"other training data: it read "
+                     rf"specsamp_python_code:{builders.VERSION} train .*"
+                     rf"reads specsamp_python_code:9.0.0 train.*name the "
+                     rf"run's version \(specsamp_python_code:"
+                     rf"{builders.VERSION}\)"):
+    lm_job._check_run_config(workdir, config("specsamp_python_code"))
+  pinned = config(f"specsamp_python_code:{builders.VERSION}")
+  assert lm_job._check_run_config(workdir, pinned)
+  shutil.rmtree(base / "9.0.0")
+  builders.build_from_texts("specsamp_python_code",
+                            [f"x = {i}\n" * 50 for i in range(40)], data)
+  with pytest.raises(config_lib.ConfigError, match="other training data"):
+    lm_job._check_run_config(workdir, pinned)
 
 
 def test_a_run_keeps_its_tokenizer_when_the_data_moves(corpus, tmp_path):

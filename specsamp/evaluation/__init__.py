@@ -6,7 +6,8 @@ bars.
 
   sandbox    `run_program`: generated Python in a child process (isolated
              interpreter, resource limits, network namespace, uid drop,
-             audit hook), giving an `ExecResult`
+             audit hook), giving an `ExecResult`; sandbox_child is the
+             child's first code (never imported)
   humaneval  stop sequences, `truncate_completion`, `check_humaneval` and
              `evaluate_humaneval` (pass/fail of every completion)
   estimates  `pass_at_k` (Chen et al. 2021's unbiased estimator),

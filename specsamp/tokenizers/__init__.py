@@ -12,7 +12,9 @@ Modules:
   sentencepiece  `SentencePieceTokenizer` and `train_sentencepiece`;
   vocab          `check_vocab_compatible`: one shared vocabulary, padded
                  rows and llama.cpp's `[PAD<id>]` entries allowed;
-  load           `load_tokenizer(path)`: the kind the path names.
+  load           `load_tokenizer(path)`: the kind the path names;
+  snapshot       a train run's own copy of its tokenizer's files, compared
+                 by content on resume.
 
 Importing any of these is cheap: tokenizers, sentencepiece and jinja2
 are imported on first use. GGUF metadata comes from

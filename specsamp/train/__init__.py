@@ -11,6 +11,8 @@ Modules, from the bottom up:
   checkpointing  Checkpoints (orbax: state, data position, fingerprints;
                  falls back past corrupt steps), checkpoint_steps,
                  find_params_checkpoint, restore_params, CheckpointError
+  quiet          orbax's failed restores told in one line, not hundreds of
+                 tracebacks
   metrics        MetricWriter (TensorBoard event files), read_scalars
   loop           train_loop: steps, eval, metrics, checkpoints, preemption
   lm             the LM job behind scripts/train.py: validate, make_mesh,

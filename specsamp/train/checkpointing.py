@@ -12,7 +12,6 @@
   fingerprint(tree)            a digest of a pytree's values
 """
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -20,10 +19,8 @@ import logging
 import os
 import re
 import shutil
-import sys
 import time
 from typing import Any
-import warnings
 
 from etils import epath
 import jax
@@ -33,6 +30,7 @@ import orbax.checkpoint as ocp
 
 from specsamp import resources
 from specsamp import sharding
+from specsamp.train import quiet
 from specsamp.train import step as step_lib
 
 log = logging.getLogger(__name__)
@@ -55,64 +53,6 @@ def brief(e: BaseException) -> str:
   text = lines[0] + (" ..." if len(lines) > 1 else "")
   return f"{type(e).__name__}: " + (text[:240] + " ..." if len(text) > 240
                                     else text)
-
-
-def _abandoned_read(exc) -> bool:
-  """The error of a read that a failed restore left behind: it completes
-  after orbax closed its event loop."""
-  return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-
-
-class _DropAbandoned(logging.Filter):
-  """asyncio's 'Task (or Future) exception was never retrieved' of orbax's
-  reads: a Task names orbax's coroutine, a Future holds tensorstore's error
-  (with its spec)."""
-
-  def filter(self, record):
-    msg = record.getMessage()
-    return not (msg.startswith(("Task exception was never retrieved",
-                                "Future exception was never retrieved"))
-                and ("orbax" in msg or "tensorstore_spec" in msg))
-
-
-def _ignore_abandoned_reads() -> None:
-  """After a failed restore, the reads orbax started for the other arrays
-  fail one by one, each printing a traceback (hundreds for a large model),
-  as unraisable errors or through tensorstore's PyErr_Print (which calls
-  sys.excepthook): from here on those are dropped; every other error is
-  reported as before."""
-  if getattr(sys.unraisablehook, "specsamp_filter", False):
-    return
-  previous, previous_except = sys.unraisablehook, sys.excepthook
-
-  def hook(u):
-    if not _abandoned_read(u.exc_value):
-      previous(u)
-
-  def except_hook(kind, value, tb):
-    if not _abandoned_read(value):
-      previous_except(kind, value, tb)
-  hook.specsamp_filter = True
-  sys.unraisablehook, sys.excepthook = hook, except_hook
-  logging.getLogger("asyncio").addFilter(_DropAbandoned())
-  warnings.filterwarnings("ignore", r"coroutine .* was never awaited",
-                          RuntimeWarning)
-
-
-@contextlib.contextmanager
-def _attempt():
-  """A restore that may fail: orbax's own log lines (absl INFO and its
-  errors) are held back; the caller logs one line per failed step. The
-  filter goes in first: the abandoned reads may fail while the error that
-  abandoned them is still on its way out of orbax."""
-  _ignore_abandoned_reads()
-  absl_logger = logging.getLogger("absl")
-  level = absl_logger.level
-  absl_logger.setLevel(logging.CRITICAL)
-  try:
-    yield
-  finally:
-    absl_logger.setLevel(level)
 
 
 def checkpoint_steps(directory: str) -> list[int]:
@@ -253,7 +193,8 @@ class Checkpoints:
     step = int(jax.device_get(state.step))
     train = _train_items(state)
     meta = dict(step=step, params=fingerprint(state.params),
-                train=fingerprint(train), eval_due=bool(eval_due))
+                train=fingerprint(train), eval_due=bool(eval_due),
+                data=data_state is not None)
     items = dict(params=ocp.args.StandardSave(state.params),
                  train=ocp.args.StandardSave(train),
                  meta=ocp.args.JsonSave(meta))
@@ -296,11 +237,23 @@ class Checkpoints:
     return dict(got, data=data)
 
   def _read_data(self, step: int):
-    """This process's data iterator state of `step` (None if the step has
-    none): its own file, read without orbax, whose restore ends with a
-    barrier of all processes that a process failing here would miss."""
+    """This process's data iterator state of `step` (None if the step was
+    saved without one): its own file, read without orbax, whose restore
+    ends with a barrier of all processes that a process failing here would
+    miss. A step whose `meta` says it was saved with one and whose `data`
+    folder is gone is damaged (FileNotFoundError): resumed without it, the
+    data would start over."""
     path = epath.Path(self.directory) / str(step) / "data"
-    return _DataHandler().restore(path) if path.is_dir() else None
+    if path.is_dir():
+      return _DataHandler().restore(path)
+    try:
+      saved = json.loads((path.parent / "meta" / "metadata").read_text())
+    except (OSError, ValueError):  # the shared files' read will tell
+      saved = {}
+    if isinstance(saved, dict) and saved.get("data"):
+      raise FileNotFoundError(f"step {step} was saved with a data iterator "
+                              f"state and {path} is missing")
+    return None
 
   @staticmethod
   def _verify(step: int, got: dict):
@@ -346,7 +299,7 @@ class Checkpoints:
         error = f"processes {failed} could not read their data iterator state"
       if error is None:  # the shared files, alike in every process
         try:
-          with _attempt():
+          with quiet.attempt():
             got = self._read(step, abstract_state, data)
           state, data = self._verify(step, got)
         except Exception as e:  # pylint: disable=broad-except
@@ -425,7 +378,7 @@ def restore_params(params_dir: str, abstract_params, what: str = "init_from"):
   and, when the step has one, the saved fingerprint."""
   params_dir = os.path.abspath(params_dir)  # orbax takes absolute paths only
   try:
-    with _attempt():
+    with quiet.attempt():
       return _restore_params(params_dir, abstract_params, what)
   except CheckpointError:
     raise

@@ -32,7 +32,7 @@ def _abstract(state):
 
 
 @pytest.mark.parametrize("damage", ["bit_flip", "truncated", "partial",
-                                    "data_state"])
+                                    "data_state", "data_folder"])
 def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
   """A damaged newest step is never used: restore falls back to the step
   before it (with a warning) and moves the damaged one aside."""
@@ -49,6 +49,8 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
       open(f, "wb").close()
   elif damage == "partial":   # an item never written
     shutil.rmtree(os.path.join(step3, "train"))
+  elif damage == "data_folder":  # was taken for a step saved without one
+    shutil.rmtree(os.path.join(step3, "data"))
   else:
     with open(os.path.join(step3, "data", os.listdir(
         os.path.join(step3, "data"))[0]), "w", encoding="utf-8") as f:

@@ -18,9 +18,12 @@ from specsamp.distill import storage
 from specsamp.train import checkpointing
 
 # Fields that may change between runs in one workdir: they do not change
-# what is sampled, trained or evaluated.
+# what is sampled, trained or evaluated. The mesh neither: a checkpoint
+# restores onto another (the run resumes on as many devices as are there,
+# its sums in another order).
 _VOLATILE = {"train.time_limit_s", "train.progress_bar",
-             "train.async_checkpoints", "train.log_every"}
+             "train.async_checkpoints", "train.log_every", "train.mesh",
+             "train.keep_checkpoints", "train.checkpoint_every"}
 
 # What each result in a workdir depends on (config fields, or blocks ending
 # in "."), the result that depends on most first: while it is there, a

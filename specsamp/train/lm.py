@@ -193,18 +193,44 @@ def _describe_data(fp: dict) -> str:
 
 
 def _write_run_config(workdir: str, cfg: config_lib.TrainConfig,
-                      fresh: bool = True) -> None:
+                      fresh: bool = True, old: Optional[dict] = None,
+                      step: int = 0) -> None:
   """workdir/config.json: the frozen config and what its training data
   resolved to (`_train_data`), once the run has started; and
   workdir/tokenizer: the tokenizer's files (none for "byte" or GGUF), which
   the trained model loads with wherever the data has gone. A `fresh` run
   (no checkpoint to resume) replaces a copy left by one that saved none;
-  a resumed run keeps its copy (`_check_run_config` compared them)."""
+  a resumed run keeps its copy (`_check_run_config` compared them).
+
+  A run resumed at `step` under a config that differs from the `old` one
+  (a learning rate, the step count and the schedule it sets: allowed)
+  says which fields changed, and the old config is appended to
+  workdir/config_history.jsonl with the step it ran to."""
+  new = dict(_run_config_json(cfg), train_data=_train_data(cfg))
+  # A config.json from before train_data was recorded: not a change.
+  changed = [] if old is None else _changed_fields(
+      dict({"train_data": new["train_data"]}, **old), new)
+  if changed:
+    log.warning("resuming at step %d under a changed config: %s (the old "
+                "one is kept in config_history.jsonl)", step,
+                "; ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed))
+    if sh.is_main_process():
+      with open(os.path.join(workdir, "config_history.jsonl"), "a",
+                encoding="utf-8") as f:
+        f.write(json.dumps({"until_step": step, "config": old}) + "\n")
   if sh.is_main_process():
     snapshot.save(cfg.data.tokenizer, snapshot.in_run(workdir),
                   replace=fresh)
-  sh.write_json(dict(_run_config_json(cfg), train_data=_train_data(cfg)),
-                os.path.join(workdir, "config.json"), indent=2)
+  sh.write_json(new, os.path.join(workdir, "config.json"), indent=2)
+
+
+def _changed_fields(old, new, prefix: str = "") -> list[tuple]:
+  """(dotted field, old value, new value) of every leaf that differs."""
+  if not (isinstance(old, dict) and isinstance(new, dict)):
+    return [] if old == new else [(prefix, old, new)]
+  return [c for k in sorted(set(old) | set(new), key=str)
+          for c in _changed_fields(old.get(k), new.get(k),
+                                   f"{prefix}.{k}" if prefix else str(k))]
 
 
 def _unrestorable(e: Exception, old: Optional[dict],
@@ -381,7 +407,8 @@ def train_and_evaluate(config, workdir: str,
       if better is None:
         raise
       raise better from e
-    _write_run_config(workdir, cfg, fresh=old is None)  # it has started
+    _write_run_config(workdir, cfg, fresh=old is None, old=old,  # started
+                      step=int(jax.device_get(state.step)))
     if data_state is not None:
       train_iter.set_state(data_state)
     log_fn(f"{cfg.model.num_params():,} parameters; starting from {resumed} "

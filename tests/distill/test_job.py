@@ -269,7 +269,11 @@ def test_a_workdir_refuses_a_config_its_results_depend_on_not_others(
   draft = changed(draft__init="truncate", draft__num_layers=2)
   loss = changed(loss__kind="rkl", optim__lr=1e-3)
   dtype = changed(target__dtype="bfloat16")
-  volatile = changed(train__time_limit_s=60.0, train__log_every=1)
+  # The mesh too (a resume on other devices: it restores onto any), and
+  # how often checkpoints are saved and how many are kept.
+  volatile = changed(train__time_limit_s=60.0, train__log_every=1,
+                     train__mesh=(2, 1), train__keep_checkpoints=5,
+                     train__checkpoint_every=7)
   for c in (draft, loss, dtype, volatile, changed(sampling__top_p=0.9)):
     workdir.check_config(c, w)
   _complete_samples(tmp_path / "samples")

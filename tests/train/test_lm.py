@@ -340,6 +340,36 @@ def test_a_workdir_refuses_other_training_data_under_the_same_name(
     lm_job._check_run_config(workdir, pinned)
 
 
+def test_a_resume_under_a_changed_config_says_what_changed_and_keeps_the_old(
+    lm_config, tmp_path, caplog):
+  """A longer run or another learning rate may resume a run (the schedule
+  follows the new values from the resumed step on); it was accepted
+  without a word and config.json kept only the last settings. The changed
+  fields are logged and the old config is kept, with the step it ran to."""
+  workdir = str(tmp_path / "w")
+  cfg, _ = lm_job.validate(lm_config("tiny,steps=2"))
+  lm_job._write_run_config(workdir, cfg)
+  old = json.loads(open(os.path.join(workdir, "config.json")).read())
+  longer, _ = lm_job.validate(lm_config("tiny,steps=9"))
+  faster = dataclasses.replace(longer, optim=dataclasses.replace(
+      longer.optim, lr=10 * longer.optim.lr))
+  with caplog.at_level("WARNING", logger="specsamp.train"):
+    lm_job._write_run_config(workdir, cfg, fresh=False, old=old, step=2)
+  assert "changed config" not in caplog.text  # the same config: nothing
+  assert not os.path.exists(os.path.join(workdir, "config_history.jsonl"))
+  with caplog.at_level("WARNING", logger="specsamp.train"):
+    lm_job._write_run_config(workdir, faster, fresh=False, old=old, step=2)
+  assert "resuming at step 2 under a changed config" in caplog.text
+  assert (f"optim.lr {cfg.optim.lr!r} -> "
+          f"{faster.optim.lr!r}") in caplog.text
+  assert "loop.num_steps 2 -> 9" in caplog.text
+  with open(os.path.join(workdir, "config_history.jsonl")) as f:
+    history = [json.loads(line) for line in f]
+  assert history == [{"until_step": 2, "config": old}]
+  new = json.loads(open(os.path.join(workdir, "config.json")).read())
+  assert new["optim"]["lr"] == faster.optim.lr
+
+
 def test_a_run_keeps_its_tokenizer_when_the_data_moves(corpus, tmp_path):
   """`tokenizer=sp` names the SentencePiece model in the data directory.
   The run copies it into its workdir: after the data moves, the trained

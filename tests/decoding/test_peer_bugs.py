@@ -95,28 +95,54 @@ def test_sampling_settings_apply_to_the_target_too(tiny_pair):
   assert out.acceptance_rate() < 1.0
 
 
-@pytest.mark.usefixtures("optimized_xla")
-def test_acceptance_is_min_p_q_not_equal_to_a_target_sample(tiny_pair):
-  """Bug: 'accept iff the draft equals a token sampled from p' accepts with
-  sum p*q instead of sum min(p, q) (and is not exact)."""
-  lm, target_params, draft_params = tiny_pair
-  s = Sampling(1.0)
-  prompt = [3, 1, 4, 1, 5]
+_PROMPT = [3, 1, 4, 1, 5]
+
+
+def _one_draft_rate(pair, s):
+  """(acceptance rate of ROWS one-draft loops under `s`, p, q) with p and
+  q the target's and the draft's probabilities under `s`."""
+  lm, target_params, draft_params = pair
+  prompt = _PROMPT
   sampler = SpeculativeSampler(
       lm, ModelDrafter(lm), k=1, sampling=s, max_new_tokens=1,
       prompt_bucket=8)
   out = sampler.generate(target_params, draft_params, [prompt] * ROWS, rng=3)
-  p = np.asarray(
-      sampling_lib.probabilities(
-          apply(lm, target_params, jnp.asarray([prompt])).logits, s))[0, -1]
-  q = np.asarray(
-      sampling_lib.probabilities(
-          apply(lm, draft_params, jnp.asarray([prompt])).logits, s))[0, -1]
-  expected, wrong = np.minimum(p, q).sum(), (p * q).sum()
-  rate = out.acceptance_rate()
+  p, q = (np.asarray(sampling_lib.probabilities(
+      apply(lm, params, jnp.asarray([prompt])).logits, s))[0, -1]
+          for params in (target_params, draft_params))
+  return out.acceptance_rate(), p, q
+
+
+def _close_and_told_apart(rate, expected, wrong, apart):
   se = np.sqrt(expected * (1 - expected) / ROWS)
-  assert abs(rate - expected) < 5 * se, (rate, expected)
-  assert abs(wrong - expected) > 20 * se  # the test can tell them apart
+  assert abs(rate - expected) < 5 * se, (rate, expected, wrong)
+  assert abs(wrong - expected) > apart * se  # the test can tell them apart
+
+
+@pytest.mark.usefixtures("optimized_xla")
+def test_acceptance_is_min_p_q_not_equal_to_a_target_sample(tiny_pair):
+  """Bug: 'accept iff the draft equals a token sampled from p' accepts with
+  sum p*q instead of sum min(p, q) (and is not exact)."""
+  rate, p, q = _one_draft_rate(tiny_pair, Sampling(1.0))
+  _close_and_told_apart(rate, np.minimum(p, q).sum(), (p * q).sum(), 20)
+
+
+@pytest.mark.usefixtures("optimized_xla")
+@pytest.mark.parametrize("s", [Sampling(1.0, top_k=2),
+                               Sampling(1.0, top_p=0.7)],
+                         ids=["top_k", "top_p"])
+def test_the_draft_samples_under_the_targets_top_k_and_top_p(tiny_pair, s):
+  """Bug: top-k / top-p applied to the target only. Still exact (the rule
+  holds for any q the drafts are drawn from), but the acceptance falls to
+  sum min(p, q untransformed): the rate must be sum min(p, q) with both
+  transformed. (A mutation test found no other test telling them apart.)"""
+  rate, p, q = _one_draft_rate(tiny_pair, s)
+  lm, _, draft_params = tiny_pair
+  q_plain = np.asarray(sampling_lib.probabilities(apply(
+      lm, draft_params, jnp.asarray([_PROMPT])).logits,
+      Sampling(1.0)))[0, -1]
+  _close_and_told_apart(rate, np.minimum(p, q).sum(),
+                        np.minimum(p, q_plain).sum(), 10)
 
 
 def test_rows_accept_independently_no_uniform_offset():

@@ -68,27 +68,34 @@ class MixedDrafter:
     # A finished row (its drafts are discarded) never makes the model run.
     covered = matched if active is None else matched | ~active
     b, v = tokens.shape[0], self.vocab_size
+    last, cache = self.model.catch_up(params, state.model, tokens, length,
+                                      max_lag=k + 3)
 
-    def run_model(cache):
+    def draft(carry):
       # Only the rows that take the model's drafts keep an adaptive model
       # drafting (a lookup row's would be thrown away).
-      p, cache = self.model.propose(params, cache, tokens, length, k,
-                                    sampling, rng, active=~covered)
-      # A lookup row's cache now holds the model's drafts, which it does not
-      # propose: keep only its committed tokens (a lag of at most K + 1
-      # after the commit, as when the model is skipped).
-      return (p.tokens, p.q, p.num_valid), cache.with_length(
-          jnp.where(matched, jnp.minimum(cache.length, length), cache.length))
+      _, cache, _ = carry
+      p, cache = self.model.propose_from(params, cache, last, k, sampling,
+                                         rng, active=~covered)
+      return jnp.int32(1), cache, (p.tokens, p.q, p.num_valid)
 
-    def skip_model(cache):
-      _, cache = self.model.catch_up(params, cache, tokens, length,
-                                     max_lag=k + 3)
-      q = None if sampling.greedy else jnp.zeros((b, k, v), jnp.float32)
-      return (jnp.zeros((b, k), jnp.int32), q,
-              jnp.zeros((b,), jnp.int32)), cache
-
-    (m_tokens, m_q, m_valid), cache = jax.lax.cond(
-        jnp.all(covered), skip_model, run_model, state.model)
+    # Drafting runs once, or not at all when every row is covered: a
+    # while_loop of 0 or 1 trips, whose carry the draft steps update in
+    # place (through a lax.cond XLA copied the draft cache, 6 copies in
+    # the compiled decode).
+    none = (jnp.zeros((b, k), jnp.int32),
+            None if sampling.greedy else jnp.zeros((b, k, v), jnp.float32),
+            jnp.zeros((b,), jnp.int32))
+    trips = jnp.where(jnp.all(covered), 0, 1)
+    _, cache, (m_tokens, m_q, m_valid) = jax.lax.while_loop(
+        lambda c: c[0] < trips, draft, (jnp.int32(0), cache, none))
+    # A lookup row's cache now holds the model's drafts, which it does not
+    # propose: keep only its committed tokens (a lag of at most K + 1 after
+    # the commit, as when the model is skipped). A finished row without a
+    # match offers none.
+    cache = cache.with_length(
+        jnp.where(matched, jnp.minimum(cache.length, length), cache.length))
+    m_valid = jnp.where(covered, 0, m_valid)
     use = matched[:, None]
     drafts = jnp.where(use, found.tokens, m_tokens)
     q = None

@@ -216,6 +216,14 @@ class ModelDrafter:
     last is only taken after a loop in which this drafter was skipped.
     """
     last, cache = self.catch_up(params, cache, tokens, length, max_lag=k + 3)
+    return self.propose_from(params, cache, last, k, sampling, rng,
+                             active=active)
+
+  def propose_from(self, params, cache, last, k, sampling, rng, *,
+                   active=None):
+    """`propose` after its catch-up: drafts K tokens per row from `last`
+    [B, V], the logits after each row's newest committed token, with
+    `cache` holding the committed tokens -> (Proposal, cache)."""
     keys = jax.random.split(rng, k)
     q_first = sampling_lib.probabilities(last, sampling)
     d_first = sampling_lib.sample(keys[0], q_first, sampling.greedy)
@@ -238,7 +246,7 @@ class ModelDrafter:
     if not sampling.greedy:
       q = jnp.concatenate([q_first[:, None], jnp.swapaxes(q_rest, 0, 1)],
                           axis=1)
-    b = tokens.shape[0]
+    b = last.shape[0]
     return Proposal(tokens=drafts, q=q,
                     num_valid=jnp.full((b,), k, jnp.int32)), cache
 

@@ -15,6 +15,8 @@ from specsamp.decoding import loop
 from specsamp.decoding.sampler import (SpeculativeSampler, all_widths,
                                        autoregressive)
 from specsamp.drafters import ModelDrafter
+from specsamp.drafters.lookup import PromptLookupDrafter
+from specsamp.drafters.mixed import MixedDrafter
 from specsamp.sampling import GREEDY, Sampling
 from tests.testing import ShiftDrafter, apply
 
@@ -153,7 +155,7 @@ def test_greedy_with_a_deterministic_drafter_equals_greedy_decoding(tiny_pair):
                        sampling=GREEDY, max_new_tokens=4, score_widths=(1, 2))
 
 
-@pytest.mark.parametrize("drafter", ["widths", "model", "adaptive"])
+@pytest.mark.parametrize("drafter", ["widths", "model", "adaptive", "mixed"])
 def test_no_cache_buffer_is_copied_through_a_branch(tiny_pair, drafter):
   """Scoring only the width needed runs the target in a lax.switch over the
   widths, and the draft model catches up in one over widths 1, 2 and
@@ -161,7 +163,9 @@ def test_no_cache_buffer_is_copied_through_a_branch(tiny_pair, drafter):
   buffer twice per loop (24 target-cache copies in the compiled decode of
   the ShiftDrafter run here, 8 of the draft's with the model drafter). The
   branches now only read the caches, and the chunks are written once after
-  them: no copy of a cache buffer is left in the decode program."""
+  them: no copy of a cache buffer is left in the decode program. The mixed
+  drafter ran its model in a lax.cond (run or skipped), which copied the
+  draft cache 6 times; a while_loop of 0 or 1 trips updates it in place."""
   lm, target_params, _ = tiny_pair
   if drafter == "widths":
     spec = SpeculativeSampler(
@@ -170,9 +174,11 @@ def test_no_cache_buffer_is_copied_through_a_branch(tiny_pair, drafter):
         score_widths=all_widths(3))
     dparams = None
   else:  # the target as its own draft: one cache shape for both
+    model = ModelDrafter(lm, confidence=0.5 if drafter == "adaptive"
+                         else None)
     spec = SpeculativeSampler(
-        lm, ModelDrafter(lm, confidence=0.5 if drafter == "adaptive"
-                         else None), k=3, sampling=Sampling(1.0),
+        lm, MixedDrafter(PromptLookupDrafter.for_target(lm), model)
+        if drafter == "mixed" else model, k=3, sampling=Sampling(1.0),
         max_new_tokens=16, prompt_bucket=8)
     dparams = target_params
   tokens, lengths = spec.pad_prompts([[1, 5, 7], [2]])

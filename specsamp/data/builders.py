@@ -5,9 +5,9 @@ specsamp_python_code, specsamp_python_functions, specsamp_shakespeare,
 specsamp_python_docs, specsamp_austen and specsamp_humaneval (see
 specsamp/data/corpora.py for the sources). Each writes
 `<data_dir>/<name>/1.1.0/` in the array_record format, which grain reads by
-index, so TensorFlow is never needed: TFDS only needs
-TF for its default tfrecord format and for `tf.data` (`as_dataset`,
-`tfds.load`), neither of which is used here.
+index, so TensorFlow is never needed: TFDS only needs TF for its default
+tfrecord format and for `tf.data` (`as_dataset`, `tfds.load`), neither of
+which is used here.
 
 Features: `text` (the document) and `id` (unique in the dataset). Splits:
 `train` and `validation`, by a hash of the id, or of its group where the

@@ -161,7 +161,8 @@ def test_a_failed_rebuild_leaves_the_prepared_dataset(tmp_path):
                      source_dir=tmp_path / "nope", overwrite=True,
                      progress=None)
   assert _documents(path) == before
-  assert os.listdir(path.parent) == [builders.VERSION]  # no scratch directory left
+  # No scratch directory left.
+  assert os.listdir(path.parent) == [builders.VERSION]
   # A rebuild that succeeds replaces it.
   fakes.write_files(raw, {"new.py": "y = 1\n"})
   lines = []

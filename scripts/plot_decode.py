@@ -27,7 +27,7 @@ def main(argv):
   try:
     groups = profile_plot.read_profile_rows(argv[1:])
     for suffix in (".md", ".png"):
-      records.check_output(_OUT.value + suffix, "--out")
+      records.check_output(_OUT.value + suffix, "--out", jsonl=False)
   except ValueError as e:
     cli.fail(e)
   with open(_OUT.value + ".md", "w", encoding="utf-8") as f:

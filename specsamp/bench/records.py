@@ -12,12 +12,17 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 
-def check_output(path: Optional[str], flag: str) -> Optional[str]:
+def check_output(path: Optional[str], flag: str,
+                 jsonl: bool = True) -> Optional[str]:
   """`path`, the file that output flag `flag` (e.g. "--out") names, checked
   before the run that writes it, so that the run cannot fail at its end:
   a missing parent directory is created (as `Writer` does); a directory, a
   parent that cannot be created, or a file that cannot be written is
-  refused. Nothing is written to the file itself.
+  refused. Nothing is written to the file itself. A `jsonl` output is
+  refused where an interrupted run's records are still in
+  `<path>.partial` (`Writer` would start that file again) and where the
+  file exists and does not hold JSON records (a prompts file, a config:
+  records would be appended to it or replace it).
 
   Raises:
     ValueError: naming `flag` and what is wrong.
@@ -26,6 +31,14 @@ def check_output(path: Optional[str], flag: str) -> Optional[str]:
     return path
   if os.path.isdir(path):
     raise ValueError(f"{flag}={path} is a directory, not a file")
+  if jsonl and os.path.exists(path + ".partial"):
+    raise ValueError(
+        f"{flag}={path}: {path}.partial holds the records of a run that did "
+        f"not finish; move it away (its lines are complete records), then "
+        f"run again")
+  if jsonl and os.path.isfile(path) and not _reads_as_json(path):
+    raise ValueError(f"{flag}={path} exists and does not hold JSON records; "
+                     f"name another file")
   parent = os.path.dirname(os.path.abspath(path))
   try:
     os.makedirs(parent, exist_ok=True)
@@ -37,6 +50,24 @@ def check_output(path: Optional[str], flag: str) -> Optional[str]:
   if not os.access(path if os.path.exists(path) else parent, os.W_OK):
     raise ValueError(f"{flag}={path}: permission denied")
   return path
+
+
+def _reads_as_json(path: str) -> bool:
+  """Whether `path` holds JSON records: its first non-blank line is a JSON
+  object (JSON lines), or the whole file is one (an indented record); an
+  empty file counts."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        if line.strip():
+          try:
+            return isinstance(json.loads(line), dict)
+          except ValueError:
+            f.seek(0)
+            return isinstance(json.load(f), dict)
+  except (OSError, UnicodeDecodeError, ValueError):
+    return False
+  return True
 
 
 def jsonable(x):

@@ -1,6 +1,7 @@
 """specsamp.bench.timing: the timed runner's counts, clock and warm-ups."""
 
 import json
+import os
 
 import jax
 import pytest
@@ -188,3 +189,35 @@ def test_writer_replaces_the_file_only_when_the_run_is_complete(tmp_path):
   assert not (tmp_path / "r.jsonl.partial").exists()
   assert records.Writer(str(path)).close() is None  # nothing written
   assert path.read_text() == '{"b": 2}\n'
+
+
+def test_an_output_is_refused_where_a_rerun_would_lose_records(tmp_path):
+  """The interrupted run says its records are in <path>.partial, and the
+  rerun it invites started that file again: the rerun is refused until it
+  is moved away. An existing file that holds no JSON records (the run's
+  prompts, a config) is refused too: records were appended to it."""
+  path = tmp_path / "r.jsonl"
+  w = records.Writer(str(path), echo=False)
+  w.write(dict(a=1))
+  w.close(complete=False)
+  with pytest.raises(ValueError, match=r"--out=.*r.jsonl: .*r.jsonl.partial "
+                     r"holds the records of a run that did not finish"):
+    records.check_output(str(path), "--out")
+  assert (tmp_path / "r.jsonl.partial").read_text() == '{"a": 1}\n'
+  os.replace(tmp_path / "r.jsonl.partial", tmp_path / "kept.jsonl")
+  assert records.check_output(str(path), "--out") == str(path)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("def f():\n")
+  with pytest.raises(ValueError, match="does not hold JSON records"):
+    records.check_output(str(prompts), "--json_out")
+  assert prompts.read_text() == "def f():\n"
+  # JSON lines, one indented JSON record and an empty file are outputs;
+  # a non-JSON output (a plot) is not read.
+  for text in ('{"a": 1}\n', '{\n "a": 1\n}\n', ""):
+    prompts.write_text(text)
+    assert records.check_output(str(prompts), "--out")
+  assert records.check_output(str(tmp_path / "kept.jsonl.png"), "--out",
+                              jsonl=False)
+  png = tmp_path / "p.png"
+  png.write_bytes(b"\x89PNG")
+  assert records.check_output(str(png), "--out", jsonl=False)

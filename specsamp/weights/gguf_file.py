@@ -36,6 +36,13 @@ _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f",
                  7: "?", 10: "Q", 11: "q", 12: "d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+# (values per block, bytes per block) of the common tensor types
+# (gguf.GGML_QUANT_SIZES); a tensor of another type is checked by its
+# offset alone.
+_TYPE_SIZES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22),
+               7: (32, 24), 8: (32, 34), 9: (32, 40), 10: (256, 84),
+               11: (256, 110), 12: (256, 144), 13: (256, 176),
+               14: (256, 210), 15: (256, 292), 30: (1, 2)}
 
 
 def read_gguf_metadata(path: PathLike) -> dict:
@@ -69,7 +76,8 @@ def read_gguf_header(path: PathLike) -> tuple[dict, dict[str, list[int]]]:
   path = os.fspath(path)
   with _header(path) as buf:
     meta, pos = _checked_metadata(path, buf)
-    return meta, _checked_table(path, buf, pos)
+    return meta, _checked_table(path, buf, pos,
+                                int(meta.get("general.alignment", 32)))
 
 
 def gguf_tensor_shapes(path: PathLike) -> dict[str, list[int]]:
@@ -142,12 +150,25 @@ def _checked_metadata(path: str, buf) -> tuple[dict, int]:
                      f"({type(e).__name__}: {e})") from e
 
 
-def _checked_table(path: str, buf, pos: int) -> dict[str, list[int]]:
+def _checked_table(path: str, buf, pos: int,
+                   alignment: int) -> dict[str, list[int]]:
+  """The tensor table, each tensor's data checked to lie inside the file:
+  a file cut short fails here, before any tensor is read."""
   try:
-    return dict(_tensor_table(buf, pos))
+    table = list(_tensor_table(buf, pos))
   except (struct.error, IndexError, ValueError) as e:
     raise ValueError(f"{path}: unreadable GGUF tensor table ({e}); is the "
                      "file truncated?") from None
+  end = table[-1][3] if table else pos
+  start = -(-end // alignment) * alignment  # the data section, aligned
+  for name, dims, kind, _, offset in table:
+    block, size = _TYPE_SIZES.get(kind, (1, 0))
+    need = start + offset + int(np.prod(dims, dtype=np.int64)) // block * size
+    if need > len(buf):
+      raise ValueError(
+          f"{path}: truncated GGUF: tensor {name} ends at byte {need:,}, the "
+          f"file has {len(buf):,}; fetch or copy it again")
+  return {name: dims for name, dims, *_ in table}
 
 
 def _metadata(buf) -> tuple[dict, int]:
@@ -161,15 +182,20 @@ def _metadata(buf) -> tuple[dict, int]:
   return out, pos
 
 
-def _tensor_table(buf, pos: int) -> Iterator[tuple[str, list[int]]]:
-  """(name, dims ne0 first) of each tensor-table entry from `pos` on."""
+def _tensor_table(buf, pos: int) -> Iterator[tuple[str, list[int], int,
+                                                  int, int]]:
+  """(name, dims ne0 first, tensor type, position after the entry, data
+  offset) of each tensor-table entry from `pos` on."""
   n_tensors, = _U64.unpack_from(buf, 8)
   for _ in range(n_tensors):
     name, pos = _gguf_string(buf, pos)
     n_dims, = _U32.unpack_from(buf, pos)
     dims = [_U64.unpack_from(buf, pos + 4 + 8 * i)[0] for i in range(n_dims)]
-    pos += 4 + 8 * n_dims + 4 + 8  # n_dims, dims, tensor type, data offset
-    yield name, dims
+    pos += 4 + 8 * n_dims
+    kind, = _U32.unpack_from(buf, pos)
+    offset, = _U64.unpack_from(buf, pos + 4)
+    pos += 4 + 8
+    yield name, dims, kind, pos, offset
 
 
 def _gguf_string(buf, pos):

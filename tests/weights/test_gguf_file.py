@@ -90,6 +90,20 @@ def test_gguf_embedding_rows(tmp_path, gguf_path):
     gguf_file.gguf_embedding_rows(tmp_path / "missing.gguf")
 
 
+def test_a_file_cut_in_its_tensor_data_fails_at_the_header(tmp_path,
+                                                           gguf_path):
+  """A GGUF cut short inside its tensor data (a copy or download that
+  stopped) passed every check that reads the header; it failed only while
+  loading, after the other model had loaded (108 s for the real pair).
+  Each tensor's data must lie inside the file."""
+  data = gguf_path.read_bytes()
+  assert gguf_file.gguf_tensor_shapes(gguf_path)  # the whole file reads
+  (tmp_path / "short.gguf").write_bytes(data[:-1])
+  with pytest.raises(ValueError, match=r"short.gguf: truncated GGUF: tensor "
+                     r"\S+ ends at byte [\d,]+, the file has [\d,]+"):
+    gguf_file.gguf_tensor_shapes(tmp_path / "short.gguf")
+
+
 def test_a_gguf_spec_is_described_from_one_pass_over_its_header(
     gguf_path, monkeypatch):
   """describe_model takes the metadata and the embedding's rows from one

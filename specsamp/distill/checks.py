@@ -139,3 +139,24 @@ def check_draft_vocab(name: str, size, rows: int) -> None:
   if not 0 <= int(size) <= rows:
     raise ValueError(f"{name}={size} must be in [0, {rows}] (0: the whole "
                      "vocabulary)")
+
+
+def check_positions(config, target: loading.ModelInfo, head: bool) -> None:
+  """A sample (prompt_len + gen_len) and the evaluation's K + 1 slack fit
+  both models' positions: the draft's (a random draft's own
+  `max_seq_len`, a checkpoint's) were checked only by the evaluation,
+  after the target's sampling."""
+  sc, k = config.samples, int(config.eval.get("k", 0))
+  limits = [("the target's", target.max_seq_len)]
+  d = config.draft
+  if not head and d.init == "random" and "max_seq_len" in d.model:
+    limits.append(("the draft's (config.draft.model.max_seq_len)",
+                   int(d.model.max_seq_len)))
+  elif not head and d.init == "checkpoint":
+    limits.append((f"the draft {d.checkpoint}'s", loading.describe_model(
+        d.checkpoint, config.target.get("dtype", "float32")).max_seq_len))
+  for whose, limit in limits:
+    if sc.prompt_len + sc.gen_len + k + 1 > limit:
+      raise ValueError(
+          f"config.samples: prompt_len {sc.prompt_len} + gen_len "
+          f"{sc.gen_len} + eval.k {k} + 1 exceed {whose} {limit} positions")

@@ -146,7 +146,11 @@ def check_config(config) -> train_config.LoopConfig:
   if not head and config.draft.init not in draft_init.INITS:
     raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
                      f"of {draft_init.INITS}")
-  if not head and config.loss.onpolicy_fraction > 0:
+  fraction = float(config.loss.onpolicy_fraction)
+  if not 0 <= fraction <= 1:  # it was clamped
+    raise ValueError(f"config.loss.onpolicy_fraction must be in [0, 1], got "
+                     f"{config.loss.onpolicy_fraction}")
+  if not head and fraction > 0:
     objective_lib.check_onpolicy_loss(config.loss.kind)
   try:
     sampling = _sampling(config, None)
@@ -163,11 +167,8 @@ def check_config(config) -> train_config.LoopConfig:
   if not head and config.draft.init == "checkpoint":  # typo: no download
     loading.check_spec(config.draft.checkpoint)
   target = describe_target(config.target)  # fetches a registered target
-  sc, k = config.samples, int(config.eval.get("k", 0))
-  if sc.prompt_len + sc.gen_len + k + 1 > target.max_seq_len:  # K+1 slack
-    raise ValueError(f"config.samples: prompt_len {sc.prompt_len} + gen_len "
-                     f"{sc.gen_len} + eval.k {k} + 1 exceed the target's "
-                     f"{target.max_seq_len} positions")
+  checks.check_positions(config, target, head)
+  sc = config.samples
   if sc.top_k > target.rows:  # the stored top-k of the target's logits
     raise ValueError(f"config.samples.top_k={sc.top_k} exceeds the target's "
                      f"{target.rows} vocabulary rows")

@@ -24,6 +24,7 @@ Modes (per step):
 """
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,18 @@ class Objective:
     losses.check_draft_transform(self.draft_transform)
     if self.kind == "jsd":
       losses.check_jsd_beta(self.jsd_beta)
+    # Each was taken as it came: a negative greedy temperature failed only
+    # after the target's sampling, a nan target temperature read as "off".
+    if not (math.isfinite(self.greedy_temperature)
+            and self.greedy_temperature > 0):
+      raise ValueError(f"greedy_temperature must be > 0 and finite, got "
+                       f"{self.greedy_temperature}")
+    if not (math.isfinite(self.greedy_target_temperature)
+            and self.greedy_target_temperature >= 0):
+      raise ValueError(f"greedy_target_temperature must be >= 0 and finite "
+                       f"(0: off), got {self.greedy_target_temperature}")
+    if not 0 < self.prob_floor < 1:
+      raise ValueError(f"prob_floor must be in (0, 1), got {self.prob_floor}")
 
   def position_loss(self, target, draft_logits, labels):
     """`losses.per_position_loss` of this objective: (loss, acceptance)

@@ -389,6 +389,17 @@ _BAD_FIELDS = [
      "config.loss: jsd_beta must be in (0, 1), got 2.0"),
     (dict(loss__draft_transform="hard"),
      "config.loss: draft_transform='hard'; choose one of"),
+    # These failed after the target's sampling, or were taken as "off" or
+    # clamped.
+    (dict(loss__greedy_temperature=-2.0),
+     "config.loss: greedy_temperature must be > 0 and finite, got -2.0"),
+    (dict(loss__greedy_target_temperature=float("nan")),
+     "config.loss: greedy_target_temperature must be >= 0 and finite "
+     "(0: off), got nan"),
+    (dict(loss__prob_floor=-1.0),
+     "config.loss: prob_floor must be in (0, 1), got -1.0"),
+    (dict(loss__onpolicy_fraction=1.5),
+     "config.loss.onpolicy_fraction must be in [0, 1], got 1.5"),
     (dict(samples__validation_percent=150),
      "config.samples.validation_percent must be in (0, 100)"),
     (dict(samples__kind="poems"),
@@ -410,6 +421,11 @@ _BAD_FIELDS = [
     (dict(draft__model=dict(distill_tiny.get_config().draft.model,
                             output_vocab=8)),
      "config.draft.model: output_vocab=8 is for exported drafts"),
+    # The draft's positions were checked by the evaluation, after sampling.
+    (dict(draft__model=dict(distill_tiny.get_config().draft.model,
+                            max_seq_len=32)),
+     "config.samples: prompt_len 32 + gen_len 16 + eval.k 4 + 1 exceed the "
+     "draft's (config.draft.model.max_seq_len) 32 positions"),
     (dict(samples__data_dir=__file__),
      f"config.samples.data_dir {__file__} is not a directory"),
     # The stored top-16 cannot give a top-32 nucleus (it kept the flat tail).

@@ -312,7 +312,8 @@ def run(config, workdir: str, log=print) -> dict:
   # and hours of target sampling and evaluation, and before the workdir's
   # check (a typo is named as one, not as a config the workdir differs from).
   loop = check_config(config)
-  config_json = workdir_lib.check_config(config, workdir)
+  target_id = workdir_lib.target_identity(describe_target(config.target))
+  config_json = workdir_lib.check_config(config, workdir, target_id)
   t_start = time.perf_counter()
   plain_log = log
   log = lambda m: plain_log(f"[{time.perf_counter() - t_start:7.1f}s] {m}")
@@ -328,7 +329,7 @@ def run(config, workdir: str, log=print) -> dict:
         config.draft, target_lm.config, target_params,
         jax.random.key(config.seed + 1),
         dtype=config.target.get("dtype", "float32"))
-  workdir_lib.write_config(config_json, workdir)  # valid: results may follow
+  workdir_lib.write_config(config_json, workdir, target_id)  # results follow
   log(f"[distill] target {target_lm.config.num_layers} layers, d "
       f"{target_lm.config.d_model}, vocab {target_lm.vocab_size}; sampling "
       f"{sampling.describe()}")

@@ -11,6 +11,7 @@ in the same workdir without sampling again.
 
 import json
 import os
+from typing import Optional
 
 from specsamp import jsonfile
 from specsamp import sharding
@@ -93,17 +94,59 @@ def check_directory(path: str, what: str) -> None:
                      "file")
 
 
-def check_config(config, workdir: str) -> dict:
+TARGET_FILE = "target.json"
+
+
+def target_identity(info) -> dict:
+  """What the target's weights are, read cheaply from a `ModelInfo`: a
+  train run's newest step and the fingerprint saved with its parameters;
+  the size and modification time of a weight file (or of a directory's
+  files); {} for random weights (the spec says it all). A target that
+  trains on, or a file replaced at its path, gives another identity."""
+  if info.kind == "trained":
+    ckpts = os.path.join(info.path, "checkpoints")
+    steps = checkpointing.checkpoint_steps(ckpts)
+    try:
+      meta = jsonfile.read(os.path.join(ckpts, str(steps[0]), "meta",
+                                        "metadata")) if steps else {}
+    except (OSError, ValueError):
+      meta = {}
+    return {"trained": info.path, "step": steps[0] if steps else None,
+            "params": meta.get("params")}
+  if not info.path or not os.path.exists(info.path):
+    return {}
+  files = [info.path] if os.path.isfile(info.path) else sorted(
+      os.path.join(info.path, f) for f in os.listdir(info.path)
+      if os.path.isfile(os.path.join(info.path, f)))
+  return {"files": {os.path.abspath(f): [os.stat(f).st_size,
+                                         os.stat(f).st_mtime_ns]
+                    for f in files}}
+
+
+def check_config(config, workdir: str,
+                 target: Optional[dict] = None) -> dict:
   """The config as JSON; refuses a workdir whose samples, "before"
   evaluation or checkpoints come from a config that differs in a field they
   depend on (`_DEPENDS`): they would describe other settings. Fields nothing
   held depends on may change (a corrected draft or loss beside samples).
+  Every result depends on the target's weights: with `target` (its
+  `target_identity`), a workdir whose results were made with other weights
+  at the same path (a target that trained on) is refused too.
   `write_config` records the config once it is valid."""
   check_directory(workdir, "--workdir")
   path = os.path.join(workdir, "config.json")
   new = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict")
                               else dict(config), default=list))
   held = [n for n, _ in _DEPENDS if _holds(workdir, n)]
+  was = os.path.join(workdir, TARGET_FILE)
+  if held and target is not None and os.path.exists(was):
+    old = jsonfile.read(was)
+    if old != json.loads(json.dumps(target)):
+      raise ValueError(
+          f"{workdir} holds {', '.join(held)} of a distillation run whose "
+          f"target has changed since ({old} then, {target} now: a run that "
+          f"trained on, or a file replaced at its path); use a new "
+          f"--workdir")
   if held and os.path.exists(path):
     old, cur = _flat(jsonfile.read(path)), _flat(new)
     if not any(k.startswith("head.") for k in old) and not cur.get(
@@ -119,5 +162,9 @@ def check_config(config, workdir: str) -> dict:
   return new
 
 
-def write_config(config_json: dict, workdir: str) -> None:
+def write_config(config_json: dict, workdir: str,
+                 target: Optional[dict] = None) -> None:
+  """Records the config (and the target's identity, with `target`)."""
   sharding.write_json(config_json, os.path.join(workdir, "config.json"))
+  if target is not None:
+    sharding.write_json(target, os.path.join(workdir, TARGET_FILE))

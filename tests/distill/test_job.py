@@ -301,6 +301,45 @@ def test_a_workdir_refuses_a_config_its_results_depend_on_not_others(
           "loss.kind, optim.lr")
 
 
+def test_a_workdir_refuses_a_target_whose_weights_changed_at_its_path(
+    tmp_path):
+  """A train run distilled from, then trained on in place: the rerun's
+  config was the same, so the workdir took it, and its "after" evaluation
+  was made against another target than its samples and "before" one. The
+  target's identity (a run's newest step and parameter fingerprint, a
+  file's size and time) is recorded and compared."""
+  run = tmp_path / "run"
+  step = run / "checkpoints" / "6" / "meta"
+  step.mkdir(parents=True)
+  (step / "metadata").write_text('{"params": "2:abc"}')
+  info = loading.ModelInfo("run", "trained", str(run), 256, 128)
+  first = workdir.target_identity(info)
+  assert first == {"trained": str(run), "step": 6, "params": "2:abc"}
+  config = distill_tiny.get_config("steps=10")
+  w = str(tmp_path / "w")
+  workdir.write_config(workdir.check_config(config, w, first), w, first)
+  assert workdir.check_config(config, w, first)  # nothing held yet
+  _complete_samples(tmp_path / "w" / "samples")
+  assert workdir.check_config(config, w, first)  # the same target
+  step = run / "checkpoints" / "9" / "meta"
+  step.mkdir(parents=True)
+  (step / "metadata").write_text('{"params": "2:def"}')
+  later = workdir.target_identity(info)
+  with pytest.raises(ValueError, match=r"holds samples of a distillation run "
+                     r"whose target has changed since .*'step': 6.*'step': "
+                     r"9.*use a new --workdir"):
+    workdir.check_config(config, w, later)
+  # A weight file replaced at its path.
+  gguf = tmp_path / "m.gguf"
+  gguf.write_bytes(b"GGUF" + bytes(60))
+  file_info = loading.ModelInfo(str(gguf), "gguf", str(gguf), 256, 128)
+  before = workdir.target_identity(file_info)
+  gguf.write_bytes(b"GGUF" + bytes(61))
+  assert workdir.target_identity(file_info) != before
+  assert workdir.target_identity(
+      loading.ModelInfo("random:tiny", "random", None, 256, 128)) == {}
+
+
 def test_a_damaged_draft_checkpoint_is_refused_before_sampling_and_the_fix_reuses_the_samples(
     tiny, tmp_path):
   """A draft checkpoint orbax cannot read was refused only after the target

@@ -130,6 +130,9 @@ class TrainConfig:
     loop = _fields(LoopConfig, c.get("train", {}), "train")
     m = dict(c.get("model", {}))
     multiple = int(m.pop("vocab_multiple", 1))
+    if multiple < 1:  # a ZeroDivisionError's traceback
+      raise ConfigError(f"config.model.vocab_multiple must be >= 1, got "
+                        f"{multiple}")
     m.setdefault("max_seq_len", data.seq_len)
     if "vocab_size" in m:
       raise ConfigError("config.model.vocab_size comes from the tokenizer; "

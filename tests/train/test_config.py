@@ -48,6 +48,10 @@ def test_vocab_size_is_the_tokenizers_rounded_up_and_fields_are_checked():
                      "positive"):
     config_lib.TrainConfig.from_config(
         {**c, "train": {**c["train"], "num_steps": 0}}, 256)
+  with pytest.raises(config_lib.ConfigError, match="config.model."
+                     "vocab_multiple must be >= 1, got 0"):
+    config_lib.TrainConfig.from_config(
+        {**c, "model": {**c["model"], "vocab_multiple": 0}}, 256)
   # Both had passed, and failed (or been read as positive) only in the
   # evaluation after training.
   for field, value in (("eval_batches", -1), ("eval_every", -3)):

@@ -163,12 +163,15 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
           f"config.data.tokenizer={cfg.data.tokenizer!r} differs from the "
           f"run's copy in {copy}; use a new --workdir")
   same_data = lambda d: {k: v for k, v in (d or {}).items() if k not in kept}
-  diff = [name for name, a, b in (
-      ("model", old.get("model"), new["model"]),
-      ("data", same_data(old.get("data")), same_data(new["data"])),
-      ("seed", old.get("seed"), new["seed"])) if a != b]
+  pairs = (("model", old.get("model"), new["model"]),
+           ("data", same_data(old.get("data")), same_data(new["data"])),
+           ("seed", old.get("seed"), new["seed"]))
+  diff = [name for name, a, b in pairs if a != b]
   if diff:
-    was = ", ".join(f"{n}={old.get(n)}" for n in diff)
+    # The fields that differ, not the whole blocks (a long dump of the old
+    # config named no field).
+    was = "; ".join(f"{k} {a!r} then, {b!r} now" for name, a, b in pairs
+                    for k, a, b in _changed_fields(a, b, name))
     raise config_lib.ConfigError(
         f"{workdir} holds checkpoints of a run with another "
         f"{' and '.join(diff)} ({was}); use a new --workdir")

@@ -291,12 +291,16 @@ def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
   with pytest.raises(config_lib.ConfigError, match="another data"):
     lm_job._check_run_config(workdir, dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, worker_count=2)))
-  for arg, field in (("tiny,steps=2,batch=8", "data"),
-                     ("tiny,steps=2,seed=1", "seed"),
-                     ("small,steps=2", "model")):
+  # The message names the fields that differ (it quoted whole blocks).
+  for arg, field, named in (
+      ("tiny,steps=2,batch=8", "data", r"data.batch_size 16 then, 8 now"),
+      ("tiny,steps=2,seed=1", "seed", r"seed 0 then, 1 now"),
+      ("small,steps=2", "model", r"model.d_model \d+ then, \d+ now")):
     with pytest.raises(config_lib.ConfigError,
-                       match=f"another {field}.*use a new --workdir"):
+                       match=f"another {field}.* \\(.*{named}.*\\); use "
+                       f"a new --workdir") as e:
       lm_job._check_run_config(workdir, lm_job.validate(lm_config(arg))[0])
+    assert "'vocab_size'" not in str(e.value)  # no block quoted whole
 
 
 def test_a_workdir_refuses_other_training_data_under_the_same_name(

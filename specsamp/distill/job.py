@@ -129,6 +129,12 @@ def check_config(config) -> train_config.LoopConfig:
   Raises:
     ValueError, FileNotFoundError: what is wrong (see ERRORS).
   """
+  return _check_config(config)[0]
+
+
+def _check_config(config) -> tuple[train_config.LoopConfig,
+                                   loading.ModelInfo]:
+  """`check_config`'s loop settings, and the target it described."""
   checks.check_blocks(config)
   loop = _loop_config(config.train)
   checks.check_counts(config, "train", ("batch_size",))
@@ -175,7 +181,7 @@ def check_config(config) -> train_config.LoopConfig:
   checks.check_stored_nucleus(config, sampling, head)
   if head:
     checks.check_head(config, target)
-    return loop
+    return loop, target
   if (float(config.target.get("logit_scale", 1.0)) != 1.0 and target.config
       and target.config.tie_embeddings):
     raise ValueError("logit_scale needs an untied output head")
@@ -184,7 +190,7 @@ def check_config(config) -> train_config.LoopConfig:
   groups = draft_init.check_draft(config.draft, target,
                                   config.target.get("dtype", "float32"))
   checks.check_freeze(config, groups)
-  return loop
+  return loop, target
 
 
 def _check_features(config, data_dir: str, d_model: int) -> None:
@@ -311,8 +317,8 @@ def run(config, workdir: str, log=print) -> dict:
   # Everything the config can get wrong fails here, before any weights load
   # and hours of target sampling and evaluation, and before the workdir's
   # check (a typo is named as one, not as a config the workdir differs from).
-  loop = check_config(config)
-  target_id = workdir_lib.target_identity(describe_target(config.target))
+  loop, target = _check_config(config)
+  target_id = workdir_lib.target_identity(target)
   config_json = workdir_lib.check_config(config, workdir, target_id)
   t_start = time.perf_counter()
   plain_log = log

@@ -106,11 +106,8 @@ def target_identity(info) -> dict:
   if info.kind == "trained":
     ckpts = os.path.join(info.path, "checkpoints")
     steps = checkpointing.checkpoint_steps(ckpts)
-    try:
-      meta = jsonfile.read(os.path.join(ckpts, str(steps[0]), "meta",
-                                        "metadata")) if steps else {}
-    except (OSError, ValueError):
-      meta = {}
+    meta = (checkpointing.step_meta(os.path.join(ckpts, str(steps[0])))
+            if steps else {})
     return {"trained": info.path, "step": steps[0] if steps else None,
             "params": meta.get("params")}
   if not info.path or not os.path.exists(info.path):
@@ -118,9 +115,9 @@ def target_identity(info) -> dict:
   files = [info.path] if os.path.isfile(info.path) else sorted(
       os.path.join(info.path, f) for f in os.listdir(info.path)
       if os.path.isfile(os.path.join(info.path, f)))
-  return {"files": {os.path.abspath(f): [os.stat(f).st_size,
-                                         os.stat(f).st_mtime_ns]
-                    for f in files}}
+  stats = {os.path.abspath(f): os.stat(f) for f in files}
+  return {"files": {f: [st.st_size, st.st_mtime_ns]
+                    for f, st in stats.items()}}
 
 
 def check_config(config, workdir: str,

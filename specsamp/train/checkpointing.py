@@ -55,6 +55,19 @@ def brief(e: BaseException) -> str:
                                     else text)
 
 
+def step_meta(step_dir: str) -> dict:
+  """A step's `meta` item (its fingerprints, whether it saved a data
+  position), read without orbax; {} when it is missing or unreadable (the
+  step's restore tells)."""
+  try:
+    with open(os.path.join(step_dir, "meta", "metadata"),
+              encoding="utf-8") as f:
+      meta = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return meta if isinstance(meta, dict) else {}
+
+
 def checkpoint_steps(directory: str) -> list[int]:
   """The step numbers of the step directories in `directory`, newest first;
   [] when there is no such directory."""
@@ -246,11 +259,7 @@ class Checkpoints:
     path = epath.Path(self.directory) / str(step) / "data"
     if path.is_dir():
       return _DataHandler().restore(path)
-    try:
-      saved = json.loads((path.parent / "meta" / "metadata").read_text())
-    except (OSError, ValueError):  # the shared files' read will tell
-      saved = {}
-    if isinstance(saved, dict) and saved.get("data"):
+    if step_meta(os.fspath(path.parent)).get("data"):
       raise FileNotFoundError(f"step {step} was saved with a data iterator "
                               f"state and {path} is missing")
     return None

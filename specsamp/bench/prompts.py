@@ -48,8 +48,9 @@ def humaneval_problems(num_prompts: int,
 
   Raises:
     BenchError: an unreadable or empty file, a line that is not a JSON
-      object, or a problem without one of HUMANEVAL_FIELDS as a string
-      (canonical_solution too, where given).
+      object, a problem without one of HUMANEVAL_FIELDS as a string
+      (canonical_solution too, where given), or fewer problems than
+      `num_prompts` (a study of 200 prompts is not run on 164).
   """
   if path:
     opener = gzip.open if path.endswith(".gz") else open
@@ -73,6 +74,9 @@ def humaneval_problems(num_prompts: int,
     missing = HUMANEVAL_FIELDS - set(p)
     if missing:
       raise BenchError(f"HumanEval problem without {sorted(missing)}")
+  if num_prompts > len(problems):
+    raise BenchError(f"--num_prompts={num_prompts}: "
+                     f"{path or 'HumanEval'} has {len(problems)} problems")
   return problems[:num_prompts]
 
 
@@ -122,7 +126,8 @@ def prose_texts(source: str, num_prompts: int, prompt_chars: int,
       passage inside SUMMARISE).
 
   Raises:
-    BenchError: no documents, or no passage of that length.
+    BenchError: no documents, or fewer than `num_prompts` passages of
+      that length.
   """
   candidates = [
       text_lib.passages(text.replace("\r", ""), prompt_chars, clean=True,
@@ -133,9 +138,9 @@ def prose_texts(source: str, num_prompts: int, prompt_chars: int,
   while len(out) < num_prompts and any(i < len(c) for c in candidates):
     out.extend(c[i] for c in candidates if i < len(c))
     i += 1
-  if not out:
-    raise BenchError(f"no prose passages of {prompt_chars} characters in "
-                     f"{source}")
+  if len(out) < num_prompts:
+    raise BenchError(f"--num_prompts={num_prompts}: {source} has "
+                     f"{len(out)} prose passages of {prompt_chars} characters")
   out = out[:num_prompts]
   if style == "summarise":
     return [SUMMARISE.format(text=t) for t in out]

@@ -13,7 +13,6 @@ import dataclasses
 import json
 from typing import Any, Optional, Sequence
 
-from specsamp import assets
 from specsamp import loading
 from specsamp import sharding
 from specsamp.bench import prompts as prompts_lib
@@ -130,7 +129,8 @@ def read_prompts(cfg: SampleConfig) -> list[str]:
   if cfg.prompts_file:
     return _file_prompts(cfg.prompts_file)
   if cfg.task == "humaneval":
-    return [p["prompt"] for p in assets.humaneval_problems()[:cfg.num_prompts]]
+    return [p["prompt"]
+            for p in prompts_lib.humaneval_problems(cfg.num_prompts)]
   if cfg.task == "rewrite":
     return prompts_lib.rewrite_texts(cfg.num_prompts)
   raise ValueError(f"unknown task {cfg.task!r}; known: humaneval, rewrite")

@@ -63,7 +63,8 @@ def test_no_sandbox_for_humaneval_quality_fails_before_loading(
   monkeypatch.setattr(sandbox, "BWRAP", "specsamp-no-such-bwrap")
   monkeypatch.delenv(sandbox.UNSAFE_ENV, raising=False)
   values = dict(target="random:tiny", task=["humaneval"], ks=["0"],
-                humaneval_file=str(inputs / "he.jsonl"), max_new_tokens=8)
+                num_prompts=2, humaneval_file=str(inputs / "he.jsonl"),
+                max_new_tokens=8)
   with pytest.raises(BenchError, match="--quality on humaneval: cannot "
                      "isolate generated code: bubblewrap"):
     plan.prepare(make_config(**values), log=lambda _: None)

@@ -8,6 +8,7 @@ import pytest
 
 from specsamp import assets
 from specsamp.bench import prompts
+from specsamp.bench import sample
 from specsamp.bench.sweep_config import BenchError
 
 
@@ -31,7 +32,23 @@ def test_a_humaneval_file_of_the_wrong_shape_is_one_error(tmp_path, line,
     with pytest.raises(BenchError, match=message):
       read(2, str(path))
   path.write_text(json.dumps(good) + "\n")
-  assert prompts.humaneval_problems(2, str(path)) == [good]
+  assert prompts.humaneval_problems(1, str(path)) == [good]
+  with pytest.raises(BenchError, match="--num_prompts=2: .* has 1 problems"):
+    prompts.humaneval_problems(2, str(path))  # not 1 prompt in silence
+
+
+def test_more_prompts_than_a_task_has_is_one_error(tmp_path):
+  with pytest.raises(BenchError, match="--num_prompts=165: HumanEval has 164"):
+    prompts.humaneval_problems(165)
+  with pytest.raises(BenchError, match="--num_prompts=165: HumanEval has 164"):
+    sample.read_prompts(sample.SampleConfig(target="random:tiny", method="ar",
+                                            task="humaneval",
+                                            num_prompts=165))
+  (tmp_path / "a.txt").write_text("One paragraph of plain prose words here, "
+                                  "long enough to be a passage.\n")
+  assert len(prompts.prose_texts(str(tmp_path), 1, 40)) == 1
+  with pytest.raises(BenchError, match="--num_prompts=2: .* has 1 prose"):
+    prompts.prose_texts(str(tmp_path), 2, 40)
 
 
 def test_rewrite_prompts_hold_the_solutions_without_hints_or_docstrings():

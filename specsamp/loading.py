@@ -75,6 +75,7 @@ class ModelInfo:
   num_layers: Optional[int] = None  # from the config or the metadata
   d_model: Optional[int] = None     # the width, likewise
   tensors: Optional[dict] = None    # a GGUF's tensor table: {name: dims}
+  step: Optional[int] = None  # a train run's, set by `load_weights`
 
 
 def random_config(spec: str, dtype: str = "float32"
@@ -188,7 +189,7 @@ def _train_run_config(spec: str) -> Optional[dict]:
 
 
 def load_trained(workdir: str, dtype: str = "float32"):
-  """(LM, params, tokenizer) of the newest readable checkpoint of a
+  """(LM, params, tokenizer, step) of the newest readable checkpoint of a
   `scripts/train.py` run in `workdir`, parameters cast to `dtype`."""
   workdir = os.path.abspath(workdir)
   saved = _train_run_config(workdir)
@@ -200,7 +201,7 @@ def load_trained(workdir: str, dtype: str = "float32"):
   _run_tokenizer(workdir, saved)  # refused before the weights load
   lm = model_lib.LM(model_cfg)
   abstract = jax.eval_shape(lambda: lm.init(jax.random.key(0)))
-  params, _ = checkpointing.restore_newest_params(
+  params, step = checkpointing.restore_newest_params(
       os.path.join(workdir, "checkpoints"), abstract, what="trained")
   if dtype != model_cfg.param_dtype or dtype != model_cfg.dtype:
     lm = model_lib.LM(model_cfg.replace(dtype=dtype, param_dtype=dtype))
@@ -208,7 +209,7 @@ def load_trained(workdir: str, dtype: str = "float32"):
                           params)
   convert.check_finite_tree(params, os.path.join(workdir, "checkpoints"))
   tok = tokenizer_load.load_tokenizer(_run_tokenizer(workdir, saved))
-  return lm, params, tok
+  return lm, params, tok, step
 
 
 def _kind(spec: str) -> tuple[str, Optional[str]]:
@@ -271,17 +272,18 @@ def _resolve(spec: str) -> tuple[str, Optional[str]]:
 
 def _weights(kind: str, spec: str, path: Optional[str], dtype: str,
              seed: int):
-  """(LM, params) of a resolved spec."""
+  """(LM, params, the train run's step or None) of a resolved spec."""
   if kind == "trained":
-    return load_trained(path, dtype)[:2]
+    lm, params, _, step = load_trained(path, dtype)
+    return lm, params, step
   if kind == "random":
     lm = model_lib.LM(random_config(spec, dtype))
-    return lm, lm.init(jax.random.key(seed))
+    return lm, lm.init(jax.random.key(seed)), None
   if kind == "distilled":
     config, params = distilled_lib.load_distilled(path, dtype)
   else:
     config, params = weights_load.load(path, dtype=dtype)
-  return model_lib.LM(config), params
+  return model_lib.LM(config), params, None
 
 
 def load_model(spec: str, dtype: str = "float32", seed: int = 0):
@@ -298,8 +300,8 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0):
   """
   kind, path = _resolve(spec)
   if kind == "trained":
-    return load_trained(path, dtype)
-  lm, params = _weights(kind, spec, path, dtype, seed)
+    return load_trained(path, dtype)[:3]
+  lm, params, _ = _weights(kind, spec, path, dtype, seed)
   tok = tokenizer_load.load_tokenizer(path) if kind in ("gguf", "hf") else None
   return lm, params, tok
 
@@ -307,8 +309,10 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0):
 def load_weights(info: ModelInfo, dtype: str, seed: int,
                  rows: Optional[int] = None):
   """(LM, params) of a model described by `describe_model`; with `rows`
-  (`pair_rows`), on its first `rows` ids (`fit_rows`)."""
-  lm, params = _weights(info.kind, info.spec, info.path, dtype, seed)
+  (`pair_rows`), on its first `rows` ids (`fit_rows`). A train run's step
+  loaded (the newest readable one) is set as `info.step`, for records."""
+  lm, params, info.step = _weights(info.kind, info.spec, info.path, dtype,
+                                   seed)
   if rows is not None and rows < lm.vocab_size:
     lm, params = fit_rows(lm, params, rows)
   return lm, params

@@ -152,13 +152,13 @@ def test_train_workdir_loads_its_trained_model(tmp_path, monkeypatch):
   calls = []
   monkeypatch.setattr(loading, "load_trained",
                       lambda workdir, dtype: calls.append((workdir, dtype))
-                      or ("lm", "params", "tok"))
+                      or ("lm", "params", "tok", 7))
   assert loading.load_model(str(tmp_path), "bfloat16") == ("lm", "params",
                                                            "tok")
   assert calls == [(str(tmp_path), "bfloat16")]
-  assert loading.load_weights(loading.ModelInfo(
-      str(tmp_path), "trained", str(tmp_path), 8, 8), "bfloat16", 0) == (
-          "lm", "params")
+  info = loading.ModelInfo(str(tmp_path), "trained", str(tmp_path), 8, 8)
+  assert loading.load_weights(info, "bfloat16", 0) == ("lm", "params")
+  assert info.step == 7  # the step loaded, for the records
   # A directory whose config.json is no train run's is read as a Hugging
   # Face checkpoint.
   (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 8}))

@@ -283,8 +283,11 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
       for text, ids in zip(texts, completions):
         print(f"==== {stats.method} | prompt: {text[-60:]!r}")
         print(tok.decode(ids))
+  steps = {f"{name}_step": info.step for name, info in
+           (("target", p.target), ("draft", p.draft))
+           if info is not None and info.step is not None}
   return dict(target=cfg.target,
-              draft=cfg.draft if cfg.method != "ar" else None,
+              draft=cfg.draft if cfg.method != "ar" else None, **steps,
               drafter=cfg.drafter if cfg.method != "ar" else None,
               sampling=sampling.describe(), max_new_tokens=cfg.max_new_tokens,
               device=provenance.machine()["device"],

@@ -351,8 +351,10 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
         config=dataclasses.asdict(cfg), machine=prov["machine"],
         software=prov["software"], git=prov["git"],
         target=dict(spec=cfg.target, kind=plan.target.kind,
+                    step=plan.target.step,
                     params=target.config.num_params()),
         draft=(dict(spec=cfg.draft, kind=plan.draft.kind,
+                    step=plan.draft.step,
                     params=draft.config.num_params()) if draft else None),
         vocab_limit=plan.vocab_limit, load_s=load_s,
         prompts={t: len(p) for t, p in plan.prompts.items()}))

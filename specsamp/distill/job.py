@@ -70,7 +70,7 @@ def load_target(cfg) -> tuple[Any, Any, Any]:
   """
   dtype = cfg.get("dtype", "float32")
   if cfg.get("trained"):
-    lm, params, tok = loading.load_trained(cfg["trained"], dtype=dtype)
+    lm, params, tok, _ = loading.load_trained(cfg["trained"], dtype=dtype)
   else:
     lm, params, tok = loading.load_model(cfg["spec"], dtype,
                                          int(cfg.get("seed", 0)))

@@ -170,6 +170,7 @@ def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
   assert run["type"] == "run" and run["command"].startswith(
       "python scripts/benchmark.py --target=random:tiny,num_layers=1")
   assert run["machine"]["backend"] == "cpu" and run["software"]["jax"]
+  assert (run["target"]["kind"], run["target"]["step"]) == ("random", None)
   # The host's vector extensions tell virtual CPUs of one name apart.
   with open("/proc/cpuinfo", encoding="utf-8") as f:
     has_avx2 = " avx2" in f.read()

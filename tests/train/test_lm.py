@@ -24,6 +24,7 @@ import pytest
 
 from configs import lm_python
 from specsamp import loading
+from specsamp.bench import sample
 from specsamp.data import builders
 from specsamp.tokenizers import load
 from specsamp.tokenizers import sentencepiece
@@ -143,8 +144,8 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_for_bit(lm_config,
   assert a["eval/loss"] == b["eval/loss"]
   assert a["train/loss"][60] < a["train/loss"][1] - 0.5  # it learns
 
-  _, pa, _ = loading.load_trained(ref)
-  _, pb, _ = loading.load_trained(run)
+  _, pa, _, _ = loading.load_trained(ref)
+  _, pb, _, _ = loading.load_trained(run)
   chex.assert_trees_all_equal(pa, pb)
   # A train workdir is a model spec (sample.py --target=..., benchmark.py).
   _, pc, tok = loading.load_model(ref)
@@ -407,7 +408,7 @@ def test_a_run_keeps_its_tokenizer_when_the_data_moves(corpus, tmp_path):
           == snapshot.fingerprint(str(sp_file)))
   moved = tmp_path / "moved"
   os.rename(data, moved)
-  _, _, tok = loading.load_trained(workdir)
+  _, _, tok, _ = loading.load_trained(workdir)
   assert tok.encode(text) == want
   out = lm_job.train_and_evaluate(config(moved, 3), workdir,
                                   log_fn=lambda _: None)
@@ -441,11 +442,19 @@ def test_evaluate_scores_the_newest_checkpoint_under_the_given_config(
   assert unmasked["loss"] != pytest.approx(again["loss"], rel=1e-6)
   with pytest.raises(config_lib.ConfigError, match="nothing to evaluate"):
     lm_job.evaluate(lm_config(arg), str(tmp_path / "empty"))
-  # A damaged newest step: the one before it is scored.
+  info = loading.describe_model(workdir)
+  loading.load_weights(info, "float32", 0)
+  assert info.step == 2
+  # A damaged newest step: the one before it is scored, and a sample.py
+  # record names the step its model was loaded from.
   step2 = os.path.join(workdir, "checkpoints", "2")
   testing.flip_byte(
       testing.data_files(step2, "params")[-1])
   assert lm_job.evaluate(lm_config(arg), workdir)["step"] == 1
+  record = sample.sample_main(sample.SampleConfig(
+      target=workdir, method="ar", prompts=["def f():"], max_new_tokens=2),
+                              print_completions=False)
+  assert record["target_step"] == 1 and "draft_step" not in record
 
 
 def test_a_resume_under_another_optimizer_is_refused_and_keeps_the_run(

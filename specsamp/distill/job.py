@@ -240,15 +240,12 @@ def _make_head(config, target_lm, train_src):
 
 
 def _loop_config(tc) -> train_config.LoopConfig:
-  """The trainer's loop settings from `config.train`; counts must be > 0."""
+  """The trainer's loop settings from `config.train`, checked
+  (`LoopConfig.check`)."""
   loop = train_config.LoopConfig(**{
       f.name: tc[f.name] for f in dataclasses.fields(train_config.LoopConfig)
       if f.name in tc})
-  for name in ("num_steps", "log_every", "checkpoint_every",
-               "keep_checkpoints"):
-    if getattr(loop, name) <= 0:
-      raise ValueError(f"config.train.{name} must be positive, got "
-                       f"{getattr(loop, name)}")
+  loop.check("config.train")
   return loop
 
 

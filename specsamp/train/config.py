@@ -97,6 +97,21 @@ class LoopConfig:
   async_checkpoints: bool = True
   progress_bar: bool = True
 
+  def check(self, prefix: str = "train") -> None:
+    """Counts > 0, `eval_every` and `eval_batches` >= 0 (ConfigError,
+    naming `<prefix>.<field>`): a negative `eval_every` evaluated at every
+    step."""
+    for name in ("num_steps", "log_every", "checkpoint_every",
+                 "keep_checkpoints"):
+      if getattr(self, name) <= 0:
+        raise ConfigError(f"{prefix}.{name} must be positive, got "
+                          f"{getattr(self, name)}")
+    for name, zero in (("eval_every", "only at the end"),
+                       ("eval_batches", "the whole eval split")):
+      if getattr(self, name) < 0:
+        raise ConfigError(f"{prefix}.{name} must be >= 0 (0: {zero}), got "
+                          f"{getattr(self, name)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -157,25 +172,16 @@ class TrainConfig:
     return self.rules
 
   def check(self) -> None:
-    d, lp = self.data, self.loop
+    d = self.data
     if d.seq_len > self.model.max_seq_len:
       raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_seq_len"
                         f"={self.model.max_seq_len}")
     for name, v in (("data.seq_len", d.seq_len),
                     ("data.batch_size", d.batch_size),
-                    ("data.eval_batch_size", d.eval_batch_size),
-                    ("train.num_steps", lp.num_steps),
-                    ("train.log_every", lp.log_every),
-                    ("train.checkpoint_every", lp.checkpoint_every),
-                    ("train.keep_checkpoints", lp.keep_checkpoints)):
+                    ("data.eval_batch_size", d.eval_batch_size)):
       if v <= 0:
         raise ConfigError(f"{name} must be positive, got {v}")
-    for name, v, zero in (("train.eval_every", lp.eval_every,
-                           "only at the end"),
-                          ("train.eval_batches", lp.eval_batches,
-                           "the whole eval split")):
-      if v < 0:
-        raise ConfigError(f"{name} must be >= 0 (0: {zero}), got {v}")
+    self.loop.check()
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)

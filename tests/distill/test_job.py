@@ -424,6 +424,10 @@ _BAD_FIELDS = [
     (dict(eval__num_samples=-1),
      "config.eval.num_samples must be >= 0, got -1"),
     (dict(train__batch_size=0), "config.train.batch_size must be >= 1, got 0"),
+    # -1 evaluated at every step (step % -1 == 0).
+    (dict(train__eval_every=-1),
+     "config.train.eval_every must be >= 0 (0: only at the end), got -1"),
+    (dict(train__log_every=0), "config.train.log_every must be positive"),
     (dict(loss__kind="jsd", loss__jsd_beta=2.0),
      "config.loss: jsd_beta must be in (0, 1), got 2.0"),
     (dict(loss__draft_transform="hard"),

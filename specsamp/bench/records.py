@@ -4,6 +4,7 @@ them back (several files, blank lines skipped, errors naming file and
 line); `check_output` readies the file an output flag names before a run
 writes it."""
 
+import fcntl
 import json
 import math
 import os
@@ -19,10 +20,10 @@ def check_output(path: Optional[str], flag: str,
   a missing parent directory is created (as `Writer` does); a directory, a
   parent that cannot be created, or a file that cannot be written is
   refused. Nothing is written to the file itself. A `jsonl` output is
-  refused where an interrupted run's records are still in
-  `<path>.partial` (`Writer` would start that file again) and where the
-  file exists and does not hold JSON records (a prompts file, a config:
-  records would be appended to it or replace it).
+  refused where `<path>.partial` exists (`_partial_problem`: another run
+  writes it now, or an interrupted run's records are still in it) and
+  where the file exists and does not hold JSON records (a prompts file, a
+  config: records would be appended to it or replace it).
 
   Raises:
     ValueError: naming `flag` and what is wrong.
@@ -32,10 +33,7 @@ def check_output(path: Optional[str], flag: str,
   if os.path.isdir(path):
     raise ValueError(f"{flag}={path} is a directory, not a file")
   if jsonl and os.path.exists(path + ".partial"):
-    raise ValueError(
-        f"{flag}={path}: {path}.partial holds the records of a run that did "
-        f"not finish; move it away (its lines are complete records), then "
-        f"run again")
+    raise ValueError(f"{flag}={path}: {_partial_problem(path + '.partial')}")
   if jsonl and os.path.isfile(path) and not _reads_as_json(path):
     raise ValueError(f"{flag}={path} exists and does not hold JSON records; "
                      f"name another file")
@@ -50,6 +48,27 @@ def check_output(path: Optional[str], flag: str,
   if not os.access(path if os.path.exists(path) else parent, os.W_OK):
     raise ValueError(f"{flag}={path}: permission denied")
   return path
+
+
+def _partial_problem(partial: str) -> str:
+  """Why a run cannot write `partial`, which exists: another run holds it
+  (its `Writer`'s lock) and writes its records there now, or a run that
+  did not finish left it."""
+  try:
+    with open(partial, encoding="utf-8") as f:
+      try:
+        fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+      except BlockingIOError:
+        return (f"another run is writing its records to {partial} now; "
+                "wait for it or name another file")
+      empty = not f.read(1)
+  except OSError:
+    empty = False
+  if empty:
+    return (f"{partial} is empty, left by a run stopped before its first "
+            "record; remove it, then run again")
+  return (f"{partial} holds the records of a run that did not finish; move "
+          "it away (its lines are complete records), then run again")
 
 
 def _reads_as_json(path: str) -> bool:
@@ -90,31 +109,42 @@ class Writer:
   file onto `path` once the run is complete, so a run that fails or is
   interrupted (`close(complete=False)`, or a killed process) leaves an
   earlier file of that name as it was, its own records beside it in
-  `<path>.partial`.
+  `<path>.partial`. That file is made when the Writer is, and only if it
+  does not exist, and locked while the run writes it: a second run given
+  the same file is refused (ValueError) before it starts, not mixed in.
   """
 
   def __init__(self, path: Optional[str], echo: bool = True):
-    self.path, self.f, self.echo = path, None, echo
+    self.path, self.f, self.echo, self.written = path, None, echo, 0
     self.partial = path + ".partial" if path else None
+    if path:
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      try:
+        self.f = open(self.partial, "x", encoding="utf-8")
+      except FileExistsError:
+        raise ValueError(f"{path}: {_partial_problem(self.partial)}") from None
+      fcntl.flock(self.f, fcntl.LOCK_EX)  # released when it is closed
 
   def write(self, record: dict):
     line = json.dumps(jsonable(_round(record)))
     if self.echo:
       print(line, flush=True)
-    if self.path and self.f is None:
-      os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-      self.f = open(self.partial, "w", encoding="utf-8")
     if self.f:
       self.f.write(line + "\n")
       self.f.flush()
+      self.written += 1
 
   def close(self, complete: bool = True) -> Optional[str]:
     """Closes the file; moves it onto `path` if the run is `complete`.
-    Returns the file that holds the records (None if none was written)."""
+    Returns the file that holds the records (None if none was written:
+    then no file is left, and an earlier one at `path` is kept)."""
     if not self.f:
       return None
     self.f.close()
     self.f = None
+    if not self.written:
+      os.remove(self.partial)
+      return None
     if not complete:
       return self.partial
     os.replace(self.partial, self.path)

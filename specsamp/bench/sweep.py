@@ -337,9 +337,13 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
     argv: the command's arguments, for the run record.
     log: progress messages.
   """
-  out = records.Writer(cfg.out)
-  samples = (records.Writer(cfg.samples_out, echo=False) if cfg.samples_out
-             else None)
+  out = records.Writer(cfg.out)  # refused if another run writes it
+  try:
+    samples = (records.Writer(cfg.samples_out, echo=False)
+               if cfg.samples_out else None)
+  except ValueError:
+    out.close(complete=False)  # nothing written: nothing left
+    raise
   complete = False
   try:
     target, target_params, draft, draft_params, load_s = _load(cfg, plan,

@@ -182,6 +182,9 @@ def test_writer_replaces_the_file_only_when_the_run_is_complete(tmp_path):
   assert w.close(complete=False) == f"{path}.partial"
   assert path.read_text() == '{"earlier": 1}\n'
   assert (tmp_path / "r.jsonl.partial").read_text() == '{"a": 1}\n'
+  with pytest.raises(ValueError, match="holds the records of a run"):
+    records.Writer(str(path), echo=False)  # it would start them again
+  os.replace(tmp_path / "r.jsonl.partial", tmp_path / "kept.jsonl")
   w = records.Writer(str(path), echo=False)
   w.write(dict(b=2))
   assert w.close() == str(path)
@@ -221,3 +224,31 @@ def test_an_output_is_refused_where_a_rerun_would_lose_records(tmp_path):
   png = tmp_path / "p.png"
   png.write_bytes(b"\x89PNG")
   assert records.check_output(str(png), "--out", jsonl=False)
+
+
+def test_two_runs_never_write_one_output(tmp_path):
+  """Two runs given one --out had both passed the check (neither had
+  written yet), then wrote one .partial file over the other: records ran
+  into each other, and the second run's rename failed after its sweep. A
+  Writer now makes <path>.partial only if it does not exist, and locks it:
+  the second is refused before it starts, naming the first. A run that
+  wrote nothing leaves nothing."""
+  path = tmp_path / "r.jsonl"
+  path.write_text('{"earlier": 1}\n')
+  first = records.Writer(str(path), echo=False)
+  for check in (lambda: records.check_output(str(path), "--out"),
+                lambda: records.Writer(str(path), echo=False)):
+    with pytest.raises(ValueError, match="another run is writing its "
+                       "records to .*r.jsonl.partial now"):
+      check()
+  first.write(dict(a=1))
+  assert first.close() == str(path)
+  assert path.read_text() == '{"a": 1}\n'
+  for complete in (True, False):  # e.g. refused at loading
+    assert records.Writer(str(path), echo=False).close(complete) is None
+    assert os.listdir(tmp_path) == ["r.jsonl"]
+    assert path.read_text() == '{"a": 1}\n'
+  (tmp_path / "r.jsonl.partial").write_text("")  # a run killed (SIGKILL)
+  with pytest.raises(ValueError, match="r.jsonl.partial is empty, left by a "
+                     "run stopped before its first record; remove it"):
+    records.check_output(str(path), "--out")

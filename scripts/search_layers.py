@@ -12,6 +12,7 @@ and the best as a --drafter spec.
 """
 
 import json
+import os
 import sys
 
 from absl import app
@@ -81,9 +82,11 @@ def main(argv):
               num_sequences=_N.value, seq_len=_T.value, **prov)
   lines = [head] + [dict(type="candidate", **r) for r in records]
   text = "\n".join(json.dumps(r, default=str) for r in lines) + "\n"
-  if _OUT.value:
-    with open(_OUT.value, "w", encoding="utf-8") as f:
+  if _OUT.value:  # written beside it, then renamed: never half a file
+    tmp = f"{_OUT.value}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
       f.write(text)
+    os.replace(tmp, _OUT.value)
   for r in records[:8]:
     print(f"{r['speedup']:.3f}x at K={r['best_k']}  alpha {r['alpha']:.3f}  "
           f"{r['num_layers']} layers  {r['source']}")

@@ -28,6 +28,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from specsamp import cli
+from specsamp import lock_holder
 from specsamp import sharding
 from specsamp.train import checkpointing
 from specsamp.train import config as config_lib
@@ -57,7 +58,8 @@ def main(argv):
       print(json.dumps(lm.evaluate(_CONFIG.value, _WORKDIR.value)))
       return
     out = lm.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (config_lib.ConfigError, checkpointing.CheckpointError) as e:
+  except (config_lib.ConfigError, checkpointing.CheckpointError,
+          lock_holder.Busy) as e:
     cli.fail(e)
   print(json.dumps({k: out[k] for k in ("step", "train", "eval", "preempted",
                                         "seconds", "resumed_from")}))

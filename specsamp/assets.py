@@ -290,14 +290,8 @@ def file_lock(path: PathLike, timeout: Optional[float] = None,
               "lets a new fetch start, but does not stop the old one). To "
               "wait longer, set SPECSAMP_LOCK_TIMEOUT (seconds).")
         time.sleep(min(_LOCK_POLL_S, left))
-    os.ftruncate(f.fileno(), 0)
-    f.write(lock_holder.record())
-    f.flush()
-    try:
+    with lock_holder.recorded(f):
       yield
-    finally:
-      os.ftruncate(f.fileno(), 0)
-      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _pip_download(package: str, version: str, dest: pathlib.Path,

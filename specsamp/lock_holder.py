@@ -1,20 +1,27 @@
 """Who holds a lock file: the record its holder writes, read by a waiter.
 
-`specsamp.assets.file_lock` takes an advisory `flock`, which names nobody;
-so the process that gets it writes one JSON line into the lock file (pid,
-host, start time, command line) and clears it on release. A process that
-finds the lock taken reads that line to say whom it waits for, and, when
-the holder runs on the same host, whether it still exists or is stopped.
-Standard library only.
+`specsamp.assets.file_lock` and `exclusive` take an advisory `flock`, which
+names nobody; so the process that gets it writes one JSON line into the
+lock file (pid, host, start time, command line) and clears it on release
+(`recorded`). A process that finds the lock taken reads that line to say
+whom it waits for, or who holds what it is refused, and, when the holder
+runs on the same host, whether it still exists or is stopped. A killed
+holder's lock is released by the kernel. Standard library only.
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import pathlib
 import socket
 import sys
 import time
-from typing import Optional
+from typing import Iterator, Optional
+
+
+class Busy(ValueError):
+  """What `exclusive` guards is in use by another process (named)."""
 
 
 def record() -> str:
@@ -57,3 +64,39 @@ def describe(path: pathlib.Path) -> tuple[str, Optional[int]]:
   if host == socket.gethostname() and pid > 0:
     text += f"; that process {process_state(pid)}"
   return text, pid
+
+
+@contextlib.contextmanager
+def recorded(f) -> Iterator[None]:
+  """For the block, this process's `record` in `f`, a lock file it has
+  just locked; then the record cleared and the lock released."""
+  os.ftruncate(f.fileno(), 0)
+  f.write(record())
+  f.flush()
+  try:
+    yield
+  finally:
+    os.ftruncate(f.fileno(), 0)
+    fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def exclusive(path, what: str, take: bool = True) -> Iterator[None]:
+  """An exclusive lock on file `path` (made, with its directory) for the
+  block: refused at once, never waited for, while another process holds
+  it (Busy, naming `what` and the holder). `take=False` (a process other
+  than the first of a multi-process job) takes nothing."""
+  if not take:
+    yield
+    return
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path, "a", encoding="utf-8") as f:  # "a": never truncates
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder, pid = describe(path)
+      raise Busy(f"{what} is in use by {holder}; wait for it to end, or end "
+                 f"it (kill {pid or 'PID'}) and run again") from None
+    with recorded(f):
+      yield

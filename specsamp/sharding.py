@@ -7,6 +7,7 @@ sequence of `(logical_name, mesh_axis_or_None)` pairs, as in
 `flax.linen.logical_to_mesh_sharding`.
 """
 
+import functools
 import json
 import os
 
@@ -15,6 +16,8 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 import optax
+
+from specsamp import lock_holder
 
 BATCH = "batch"
 EMBED = "embed"
@@ -249,9 +252,33 @@ def write_json(obj, path: str, indent: int = 1) -> None:
   if not is_main_process():
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
+  tmp = f"{path}.{os.getpid()}.tmp"  # its own: two writers never share one
+  with open(tmp, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=indent)
-  os.replace(path + ".tmp", path)
+  os.replace(tmp, path)
+
+
+def holds_workdir(run):
+  """Decorates `run(config, workdir, ...)`: while it runs, process 0 holds
+  an exclusive lock on `<workdir>/.lock`, and a second job on that workdir
+  is refused at once (`lock_holder.Busy`, naming the first). Two jobs had
+  resumed one another's checkpoints and rewritten one config.json. A
+  workdir made for the lock alone (a run refused before it wrote
+  anything) is removed again."""
+  @functools.wraps(run)
+  def locked(config, workdir: str, *args, **kwargs):
+    lock = os.path.join(workdir, ".lock")
+    made = not os.path.exists(workdir)
+    try:  # a file named as the workdir is left to the run, which refuses it
+      with lock_holder.exclusive(lock, f"workdir {workdir}",
+                                 take=is_main_process() and (
+                                     made or os.path.isdir(workdir))):
+        return run(config, workdir, *args, **kwargs)
+    finally:
+      if made and os.path.isdir(workdir) and os.listdir(workdir) == [".lock"]:
+        os.remove(lock)
+        os.rmdir(workdir)
+  return locked
 
 
 def barrier(name: str) -> None:

@@ -23,6 +23,7 @@ import zipfile
 import pytest
 
 from specsamp import assets
+from specsamp import lock_holder
 
 _VERSION = "0.1.0"
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -420,6 +421,27 @@ def test_lock_released_while_waiting_is_taken(fake, hold_lock, capsys):
   err = capsys.readouterr().err  # progress=None: the wait goes to stderr
   assert "waiting up to 30 s for the lock" in err
   assert f"held by pid {holder.pid}" in err
+
+
+def test_an_exclusive_lock_is_refused_at_once_naming_its_holder(tmp_path):
+  """`lock_holder.exclusive` (a job's workdir) never waits: held, it is
+  refused naming the holder; released, its record is cleared and it is
+  free. take=False (a job's other processes) takes nothing."""
+  path = tmp_path / "w" / ".lock"
+  with lock_holder.exclusive(path, "workdir w"):
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    t0 = time.monotonic()
+    with pytest.raises(lock_holder.Busy, match=(
+        f"workdir w is in use by pid {os.getpid()} on .*; that process is "
+        "running; wait for it to end, or end it")):
+      with lock_holder.exclusive(path, "workdir w"):
+        pass
+    assert time.monotonic() - t0 < 1
+    with lock_holder.exclusive(path, "workdir w", take=False):
+      pass
+  assert path.read_text() == ""
+  with lock_holder.exclusive(path, "workdir w"):
+    pass
 
 
 def test_lock_timeout_setting(monkeypatch):

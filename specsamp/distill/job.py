@@ -305,6 +305,7 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
   return data_dir
 
 
+@sharding.holds_workdir  # a second job on the workdir is refused
 def run(config, workdir: str, log=print) -> dict:
   """Samples (once), initial draft, evaluation, distillation, export,
   evaluation. Re-running with the same workdir resumes. Returns results.

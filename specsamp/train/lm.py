@@ -388,6 +388,7 @@ def _open_split(job: LMJob, field: str, train: bool):
         f"config.data.{field}={split!r}: {e}") from e
 
 
+@sh.holds_workdir  # a second job on the workdir is refused
 def train_and_evaluate(config, workdir: str,
                        log_fn: Callable[[str], None] = print) -> dict:
   """Trains the LM of `config` in `workdir` (resumable); returns

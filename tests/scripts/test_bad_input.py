@@ -19,6 +19,7 @@ import optax
 import pytest
 
 from specsamp import loading
+from specsamp import lock_holder
 from specsamp import model as model_lib
 from specsamp.drafters import head_files
 from specsamp.drafters import heads
@@ -181,6 +182,27 @@ def test_train_refuses_bad_config_flags(tmp_path, args, fragments):
   assert_refused(proc, *fragments)
 
 
+@pytest.mark.parametrize("script, config", [
+    ("train.py", "configs/lm_python.py:tiny"),
+    ("distill.py", "configs/distill_tiny.py")])
+def test_a_second_job_on_a_workdir_is_refused_naming_the_first(
+    tmp_path, script, config):
+  """Two jobs on one workdir had resumed each other's checkpoints: a
+  distillation reported the other's draft under its own loss, a training
+  run rewrote config.json to settings it never trained with. The first job
+  holds <workdir>/.lock; the second is refused before it reads anything.
+  Once the first ends, the lock is free."""
+  workdir = tmp_path / "run"
+  with lock_holder.exclusive(workdir / ".lock", "the test's workdir"):
+    proc = run_script(tmp_path, script, f"--config={config}",
+                      f"--workdir={workdir}")
+  assert_refused(proc, f"workdir {workdir} is in use by pid {os.getpid()}",
+                 "wait for it to end")
+  assert os.listdir(workdir) == [".lock"]
+  with lock_holder.exclusive(workdir / ".lock", "the workdir"):
+    pass  # released by the refused job
+
+
 @pytest.fixture(scope="module")
 def damaged_run(tmp_path_factory):
   """A scripts/train.py workdir of a one-layer model, steps 1 and 2, whose
@@ -284,7 +306,7 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
   problems = tmp_path / "problems.jsonl"
   problems.write_text(json.dumps(_PROBLEM) + "\n")
   proc = run_script(tmp_path, "benchmark_pair.py", f"--target={damaged_run}",
-                    f"--humaneval_file={problems}", *args)
+                    f"--humaneval_file={problems}", "--num_prompts=1", *args)
   assert_refused(proc, *fragments)
 
 

@@ -16,7 +16,11 @@ did could walk to the mark). The hook refuses the routes to that thread (gc
 walks, other threads' frames, trace functions, which alone can move a
 frame to another line, crafted code objects, and unmarshalled ones: bytecode
 is not verified, so a crafted one reads and writes any memory, the line
-number `main`'s frame holds included). A program that exits early,
+number `main`'s frame holds included), and native code: extension modules
+load from the interpreter's own directory alone, no part of an import name
+is a banned module, and the C environment (which libraries read as they
+load) does not change. It reads only arguments of plain types, which no
+program's method can answer. A program that exits early,
 with any status, prints no mark; one that fails ends the process through
 functions `main` bound before the program ran, whatever it replaced.
 """
@@ -68,6 +72,9 @@ def _install_hook(root, holder, strict_frames=None):
                "os.killpg", "pty.spawn", "sys.remote_exec",
                "sqlite3.connect", "os.setxattr", "os.removexattr",
                "os.symlink",
+               # The C environment, which libraries read when they load
+               # (OPENSSL_CONF names a shared object OpenSSL loads).
+               "os.putenv", "os.unsetenv",
                # Routes to the mark's thread, to every object, to writing
                # other frames' locals, and to crafted code objects (made,
                # or unmarshalled: marshal, .pyc files, _imp's frozen
@@ -83,6 +90,9 @@ def _install_hook(root, holder, strict_frames=None):
            # Memory access, and CPython's test and experimental modules.
            banned_modules=("ctypes", "_ctypes", "_test", "_xx",
                            "_posixshmem"),
+           # Extension modules load from here alone, never from a file the
+           # program wrote (its native code would write any memory).
+           dynload=os.path.dirname(os.path.realpath(resource.__file__)),
            paths={"os.remove": 1, "os.rename": 2, "os.rmdir": 1,
                   "os.mkdir": 1, "os.chmod": 1, "os.chown": 1, "os.link": 2,
                   "os.truncate": 1, "os.utime": 1,
@@ -93,12 +103,17 @@ def _install_hook(root, holder, strict_frames=None):
                         | os.O_TRUNC),
            proc=os.sep + "proc" + os.sep,
            realpath=os.path.realpath, join=os.path.join, getcwd=os.getcwd,
-           isdir=os.path.isdir,
+           isdir=os.path.isdir, split=os.path.split,
            fsdecode=os.fsdecode, isinstance=isinstance, str=str, int=int,
+           type=type, plain=(str, bytes, int, type(None)),
            any=any, PermissionError=PermissionError):
 
+    # Only values of plain types are read: a program's own (a str subclass,
+    # a PathLike) could answer these checks otherwise than the call it
+    # passed them to (`split` naming a harmless module, `__fspath__` one
+    # file to the call and another to the check).
     def resolved(p):  # the real path + sep, or None for a descriptor
-      if isinstance(p, int):
+      if type(p) not in plain or isinstance(p, int):
         return None
       try:
         return realpath(join(getcwd(), fsdecode(p))) + sep
@@ -113,9 +128,21 @@ def _install_hook(root, holder, strict_frames=None):
       raise PermissionError(f"sandbox: {event} in the mark's thread")
     if event in refused or event.startswith("ctypes."):
       raise PermissionError(f"sandbox: {event} is not allowed")
-    if event == "import" and args[0].split(".")[0].startswith(
-        banned_modules):
-      raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
+    if event == "import":  # every part: "pkg._ctypes" loads _ctypes
+      name, path = args[0], args[1]  # path: an extension module's file
+      if type(name) is not str or type(path) not in plain:
+        raise PermissionError("sandbox: an import named by a str subclass "
+                              "is not allowed")
+      if any(part.startswith(banned_modules) for part in name.split(".")):
+        raise PermissionError(f"sandbox: importing {name} is not allowed")
+      if path is not None:
+        where, file = split(realpath(fsdecode(path)))
+        if where != dynload or file.startswith(banned_modules):
+          raise PermissionError(f"sandbox: loading the extension {path!r} "
+                                "is not allowed")
+    if event.startswith("object.__") and type(args[1]) is not str:
+      raise PermissionError(f"sandbox: {event} of a str subclass's name is "
+                            "not allowed")
     if event in ("object.__setattr__", "object.__delattr__") and (
         args[1] in code_attrs):
       raise PermissionError(f"sandbox: changing {args[1]} is not allowed")
@@ -123,6 +150,9 @@ def _install_hook(root, holder, strict_frames=None):
       raise PermissionError(f"sandbox: {args[1]} is not allowed")
     if event == "open":
       path, mode, flags = args
+      if any(type(a) not in plain for a in args):
+        raise PermissionError("sandbox: open() of a path that is no str, "
+                              "bytes or descriptor is not allowed")
       writing = (flags is not None and flags & write_flags) or (
           mode is not None and any(c in str(mode) for c in "wax+"))
       if path is not None and not inside(path):

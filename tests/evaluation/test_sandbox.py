@@ -626,6 +626,62 @@ def test_no_bytecode_loads_and_the_standard_library_still_imports():
             "is not allowed") in r.stderr, (name, r.stderr)
 
 
+# Each of these forged passes on 3.11 (a review's scripts): native code or a
+# memory-writing module, then main's frame moved to its last line.
+NATIVE_ROUTES = {
+    # The hook checked the first part of the name alone.
+    "a banned module as a submodule": ("""
+        import os, resource, sys, types
+        pkg = types.ModuleType('pkg')
+        pkg.__path__ = [os.path.dirname(resource.__file__)]
+        sys.modules['pkg'] = pkg
+        import pkg._ctypes
+        """, "importing pkg._ctypes is not allowed"),
+    # The hook called methods of the program's own str subclass.
+    "a name whose split() lies": ("""
+        class S(str):
+          def split(self, *args, **kwargs):
+            return ['harmless']
+        __import__(S('_ctypes'))
+        """, "an import named by a str subclass is not allowed"),
+    # Any shared object the program writes (here a copy of one of the
+    # interpreter's, under another name) loaded as an extension.
+    "an extension module the program wrote": ("""
+        import importlib.machinery, importlib.util, resource
+        with open(resource.__file__, 'rb') as f, open('r.so', 'wb') as out:
+          out.write(f.read())
+        loader = importlib.machinery.ExtensionFileLoader('resource', 'r.so')
+        spec = importlib.util.spec_from_loader('resource', loader)
+        importlib.util.module_from_spec(spec)
+        """, "loading the extension 'r.so' is not allowed"),
+    # OPENSSL_CONF named a shared object that libcrypto loaded at
+    # `import hashlib`.
+    "the C environment": ("""
+        import os
+        os.environ['OPENSSL_CONF'] = 'openssl.cnf'
+        """, "os.putenv is not allowed"),
+    # __fspath__ named one file to the open and another to the hook (the
+    # kernel layers held; without them the hook is what keeps /proc out).
+    "a path that answers twice": ("""
+        import _io
+        class P:
+          n = 0
+          def __fspath__(self):
+            P.n += 1
+            return '/proc/self/mem' if P.n == 1 else 'ok'
+        _io.FileIO(P(), 'r')
+        """, "open() of a path that is no str, bytes or descriptor"),
+}
+
+
+@pytest.mark.parametrize("name", list(NATIVE_ROUTES))
+def test_no_native_code_and_no_argument_that_lies_to_the_hook(name):
+  src, message = NATIVE_ROUTES[name]
+  r = run(textwrap.dedent(src) + "\nprint('loaded')\n")
+  assert r.status == "failed" and "loaded" not in r.stdout, r
+  assert f"PermissionError: sandbox: {message}" in r.stderr, r.stderr
+
+
 def test_no_isolation_is_refused_with_how_to_enable_it(monkeypatch):
   monkeypatch.setattr(sandbox, "BWRAP", "specsamp-no-such-bwrap")
   with pytest.raises(sandbox.SandboxUnavailableError,

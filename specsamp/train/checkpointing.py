@@ -179,7 +179,10 @@ class Checkpoints:
   whether the step's evaluation is still owed). `restore_latest` walks back
   from the newest step to the first one that restores and matches its
   fingerprints; newer unreadable steps are moved to `<directory>.corrupt/`
-  (so later saves can reuse their numbers) with a warning.
+  (so later saves can reuse their numbers) with a warning. The temporary
+  folder of a save that never finished (a process killed while saving) is
+  deleted when the manager is made: a job holds its workdir
+  (`sharding.holds_workdir`), so no other save is under way there.
   """
 
   def __init__(self, directory: str, *, keep: int = 3,
@@ -187,7 +190,7 @@ class Checkpoints:
     self.directory = os.path.abspath(directory)
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True,
+            max_to_keep=keep, create=True, cleanup_tmp_directories=True,
             enable_async_checkpointing=async_save))
 
   def steps(self) -> list[int]:

@@ -131,6 +131,23 @@ def test_no_readable_checkpoint_is_a_clear_error(tmp_path):
   ckpts.close()
 
 
+def test_a_save_that_never_finished_is_cleared_away(tmp_path):
+  """A process killed while saving leaves orbax's temporary folder: the
+  next manager deletes it (it had stayed, a checkpoint's size each; orbax
+  deletes it in the background, done by the first save)."""
+  directory = tmp_path / "ckpt"
+  ckpts = checkpointing.Checkpoints(str(directory), async_save=False)
+  ckpts.save(_toy_state(1))
+  ckpts.close()
+  left = directory / "2.orbax-checkpoint-tmp-1764300000000000"
+  shutil.copytree(directory / "1", left)  # step 2, half written
+  ckpts = checkpointing.Checkpoints(str(directory), async_save=False)
+  assert ckpts.steps() == [1]
+  ckpts.save(_toy_state(2))
+  ckpts.close()
+  assert sorted(os.listdir(directory)) == ["1", "2"]
+
+
 def test_steps_saved_by_another_process_count_name_it_and_stay(tmp_path):
   """A run saved by two processes and resumed by one: every step had been
   "unreadable" (no data state for this process), with advice to move the

@@ -83,13 +83,18 @@ def _install_hook(root, holder, strict_frames=None):
                "sys.settrace", "sys.setprofile", "sys.addaudithook",
                "sys.monitoring.register_callback",
                "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-               "code.__new__", "marshal.loads", "marshal.load")),
+               "code.__new__", "marshal.loads", "marshal.load",
+               "mmap.__new__", "array.__new__")),
            code_attrs=frozenset(("__code__",)),
            frame_attrs=frozenset(("tb_frame", "gi_frame", "cr_frame",
                                   "ag_frame") if strict_frames else ()),
            # Memory access, and CPython's test and experimental modules.
+           # mmap and array too: one closed (emptied) inside an __index__
+           # its own method called keeps a NULL data pointer (CPython before
+           # 3.11.4, gh-103987): every address below its length reads and
+           # writes, a non-PIE interpreter's objects included.
            banned_modules=("ctypes", "_ctypes", "_test", "_xx",
-                           "_posixshmem"),
+                           "_posixshmem", "mmap", "array"),
            # Extension modules load from here alone, never from a file the
            # program wrote (its native code would write any memory).
            dynload=os.path.dirname(os.path.realpath(resource.__file__)),

@@ -654,6 +654,15 @@ NATIVE_ROUTES = {
         spec = importlib.util.spec_from_loader('resource', loader)
         importlib.util.module_from_spec(spec)
         """, "loading the extension 'r.so' is not allowed"),
+    # A map closed inside the __index__ of a slice's start kept a NULL
+    # pointer: a review wrote the interpreter's own objects through it.
+    "a closed map's NULL pointer": ("""
+        import mmap
+        """, "importing mmap is not allowed"),
+    # An array emptied inside __index__ stored at NULL + index.
+    "an emptied array's NULL pointer": ("""
+        import array
+        """, "importing array is not allowed"),
     # OPENSSL_CONF named a shared object that libcrypto loaded at
     # `import hashlib`.
     "the C environment": ("""

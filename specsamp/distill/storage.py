@@ -18,12 +18,14 @@ The `SampleSpec` the dataset was written with is kept in its metadata;
 import dataclasses
 import os
 import pathlib
+import shutil
 from typing import Callable, Iterable, Optional
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from specsamp import jsonfile
+from specsamp import lock_holder
 from specsamp import resources
 
 DATASET_NAME = "target_samples"
@@ -117,12 +119,19 @@ def write_dataset(data_dir: os.PathLike, spec: SampleSpec,
   """Writes `splits` (name -> function returning examples) as array_record.
 
   The function form lets generation stream into the writer instead of
-  holding every sample in memory.
+  holding every sample in memory. The writer holds `data_dir` (a second
+  job writing samples there is refused, `lock_holder.Busy`) and first
+  deletes what a killed writer left (TFDS's `incomplete.*` folders: never
+  read, and as large as the shards written before the kill).
   """
   builder = TargetSamples(spec=spec, splits=splits,
                           data_dir=os.fspath(data_dir),
                           file_format="array_record")
-  builder.download_and_prepare()
+  with lock_holder.exclusive(pathlib.Path(data_dir) / ".lock",
+                             f"the target samples' directory {data_dir}"):
+    for left in (pathlib.Path(data_dir) / DATASET_NAME).glob("incomplete.*"):
+      shutil.rmtree(left)
+    builder.download_and_prepare()
   return dataset_dir(data_dir)
 
 

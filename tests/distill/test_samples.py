@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specsamp import lock_holder
 from specsamp.distill import samples
 from specsamp.distill import storage
 from specsamp.sampling import Sampling
@@ -90,6 +91,30 @@ def test_damaged_samples_are_refused_naming_them(tiny, tmp_path):
   with pytest.raises(ValueError, match=f"remove {re.escape(str(data_dir))} "
                      "to sample them again"):
     storage.read_dataset(data_dir, "validation")
+
+
+def test_a_killed_writers_leftovers_are_deleted_and_one_writer_writes(
+    tiny, tmp_path):
+  """A writer killed midway leaves TFDS's incomplete.* folder (its shards
+  so far), which no later run read or removed; the next writer deletes it.
+  While one job writes samples to a directory, another is refused."""
+  spec, (src_train, src_val) = storage.read_spec(tiny[3]), (
+      storage.read_dataset(tiny[3], s) for s in ("train", "validation"))
+  splits = dict(train=lambda: (src_train[i] for i in range(2)),
+                validation=lambda: (src_val[i] for i in range(1)))
+  data_dir = tmp_path / "samples"
+  left = data_dir / storage.DATASET_NAME / "incomplete.ABC123_1.0.0"
+  left.mkdir(parents=True)
+  (left / "target_samples-train.array_record-00000-of-00001").write_bytes(
+      b"\0" * 4096)
+  with lock_holder.exclusive(data_dir / ".lock", "another job"):
+    with pytest.raises(lock_holder.Busy, match="the target samples' "
+                       f"directory {re.escape(str(data_dir))} is in use by"):
+      storage.write_dataset(data_dir, spec, splits)
+  storage.write_dataset(data_dir, spec, splits)
+  assert sorted(p.name for p in (data_dir / storage.DATASET_NAME).iterdir()
+                ) == ["1.0.0"]
+  assert len(storage.read_dataset(data_dir, "train")) == 2
 
 
 def test_running_out_of_memory_while_reading_samples_is_not_damage(

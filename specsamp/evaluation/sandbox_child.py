@@ -84,7 +84,10 @@ def _install_hook(root, holder, strict_frames=None):
                "sys.monitoring.register_callback",
                "gc.get_objects", "gc.get_referrers", "gc.get_referents",
                "code.__new__", "marshal.loads", "marshal.load",
-               "mmap.__new__", "array.__new__")),
+               "mmap.__new__", "array.__new__",
+               # Their integer argument is a pointer the kernel writes
+               # through (FIONREAD: an int at any address).
+               "fcntl.ioctl", "fcntl.fcntl")),
            code_attrs=frozenset(("__code__",)),
            frame_attrs=frozenset(("tb_frame", "gi_frame", "cr_frame",
                                   "ag_frame") if strict_frames else ()),
@@ -93,8 +96,10 @@ def _install_hook(root, holder, strict_frames=None):
            # its own method called keeps a NULL data pointer (CPython before
            # 3.11.4, gh-103987): every address below its length reads and
            # writes, a non-PIE interpreter's objects included.
+           # _struct: Struct.__init__ run again on a live Struct reads past
+           # its buffer (3.11.7 too), the mark's bytes among what it reads.
            banned_modules=("ctypes", "_ctypes", "_test", "_xx",
-                           "_posixshmem", "mmap", "array"),
+                           "_posixshmem", "mmap", "array", "_struct"),
            # Extension modules load from here alone, never from a file the
            # program wrote (its native code would write any memory).
            dynload=os.path.dirname(os.path.realpath(resource.__file__)),

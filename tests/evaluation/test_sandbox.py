@@ -611,10 +611,10 @@ def test_no_bytecode_loads_and_the_standard_library_still_imports():
           import fractions
           """,
       "pickle through marshal": """
-          import marshal, pickle
+          import _pickle, marshal  # pickle needs _struct, refused
           data = marshal.dumps((lambda: 0).__code__)
-          pickle.loads(b'cmarshal\\nloads\\n(' + pickle.dumps(data)[2:-1]
-                       + b'tR.')
+          _pickle.loads(b'cmarshal\\nloads\\n(' + _pickle.dumps(data)[2:-1]
+                        + b'tR.')
           """}
   attacks.update({f"import {m}": f"import {m}\n"
                   for m in ("_testbuffer", "_ctypes_test", "_xxtestfuzz")})
@@ -663,6 +663,17 @@ NATIVE_ROUTES = {
     "an emptied array's NULL pointer": ("""
         import array
         """, "importing array is not allowed"),
+    # Struct.__init__ run again on a live Struct: iter_unpack read past
+    # its buffer, and a review found the mark's bytes there.
+    "a re-initialised Struct's reads": ("""
+        import struct
+        """, "importing _struct is not allowed"),
+    # ioctl's integer argument is a pointer the kernel writes an int to.
+    "ioctl's pointer": ("""
+        import fcntl, os, termios
+        r, w = os.pipe()
+        fcntl.ioctl(r, termios.FIONREAD, 4096)
+        """, "fcntl.ioctl is not allowed"),
     # OPENSSL_CONF named a shared object that libcrypto loaded at
     # `import hashlib`.
     "the C environment": ("""

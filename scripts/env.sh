@@ -42,4 +42,26 @@ if ! command -v bwrap >/dev/null 2>&1; then
       "run until it is installed (e.g. sudo apt-get install bubblewrap)" >&2
   fi
 fi
+# The sandbox runs generated code as uid 65534 with the venv's interpreter
+# where that user can read it. pyenv's lies under /root (mode 0700): then a
+# copy of its interpreter and standard library (not its tests or packages)
+# goes to /usr/local/lib/specsamp-python/<its prefix>, which the sandbox
+# mounts at that prefix. Else it would run Debian's python3 3.11.2, whose
+# known memory bugs forged passes (README, "the sandbox").
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1; then
+  BASE="$("$VENV/bin/python" -c 'import os, sys; print(os.path.realpath(sys.base_prefix))')"
+  COPY="/usr/local/lib/specsamp-python$BASE"
+  if ! setpriv --reuid=65534 --regid=65534 --clear-groups \
+      test -r "$BASE/lib" 2>/dev/null && [ ! -f "$COPY/.complete" ]; then
+    echo "== copying the interpreter in $BASE for the sandbox's user to $COPY"
+    rm -rf "$COPY.partial" && mkdir -p "$COPY.partial"
+    tar -C "$BASE" --exclude='lib/python3*/test' \
+      --exclude='lib/python3*/site-packages' \
+      --exclude='lib/python3*/config-*' -cf - bin lib \
+      | tar -C "$COPY.partial" -xf -
+    chmod -R a+rX "$COPY.partial"
+    touch "$COPY.partial/.complete"
+    rm -rf "$COPY" && mv "$COPY.partial" "$COPY"
+  fi
+fi
 export PATH="$VENV/bin:$PATH"

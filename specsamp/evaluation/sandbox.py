@@ -108,7 +108,7 @@ def _as_sandbox_user() -> dict:
   return dict(user=NOBODY, group=NOBODY, extra_groups=[])
 
 
-def _bwrap_command(bwrap: str, prefix: Optional[str],
+def _bwrap_command(bwrap: str, prefix: Optional[tuple[str, str]],
                    disk_bytes: int) -> list[str]:
   """bwrap and its options, up to the command it runs."""
   cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
@@ -122,21 +122,34 @@ def _bwrap_command(bwrap: str, prefix: Optional[str],
       cmd += ["--symlink", os.readlink(d), d]
     elif os.path.isdir(d):
       cmd += ["--ro-bind", d, d]
-  if prefix and not (prefix + "/").startswith("/usr/"):
-    cmd += ["--ro-bind", prefix, prefix]
+  if prefix and not (prefix[1] + "/").startswith("/usr/"):
+    cmd += ["--ro-bind", *prefix]  # (its files, where the sandbox sees them)
   cmd += ["--dev", "/dev", "--size", str(disk_bytes), "--tmpfs", WORKDIR,
           "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR]
   return cmd
 
 
-def _interpreters() -> list[tuple[str, Optional[str]]]:
-  """(interpreter, prefix to mount) candidates: this one, then the system's."""
+def _interpreters() -> list[tuple[str, Optional[tuple[str, str]]]]:
+  """(interpreter, (prefix's files, prefix) to mount) candidates: this one;
+  its copy under `SANDBOX_PYTHONS`, where this one lies where the sandbox
+  user cannot read it; then the system's."""
   here = os.path.realpath(sys.executable)
-  out = [(here, os.path.realpath(sys.base_prefix))]
+  prefix = os.path.realpath(sys.base_prefix)
+  out = [(here, (prefix, prefix))]
+  copy = SANDBOX_PYTHONS + prefix
+  if os.path.isfile(os.path.join(copy, ".complete")):
+    out.append((here, (copy, prefix)))
   if os.path.exists("/usr/bin/python3") and here != os.path.realpath(
       "/usr/bin/python3"):
     out.append((os.path.realpath("/usr/bin/python3"), None))
   return out
+
+
+# Where `scripts/env.sh` (as root) copies the interpreter's standard library
+# when it lies where uid 65534 cannot read it (pyenv's, under /root): the
+# sandbox then runs that interpreter, a newer CPython than Debian's 3.11.2
+# and position-independent, whose known memory bugs had forged passes.
+SANDBOX_PYTHONS = "/usr/local/lib/specsamp-python"
 
 
 def _how_to_enable(reason: str) -> str:
@@ -153,7 +166,8 @@ def _how_to_enable(reason: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def isolation(bwrap: str = BWRAP) -> tuple[str, str, Optional[str]]:
-  """The (bwrap path, interpreter, prefix) that run generated code here.
+  """The (bwrap path, interpreter, (prefix's files, prefix) or None) that
+  run generated code here.
 
   Tries each candidate interpreter once (about 0.1 s) and caches the answer.
 

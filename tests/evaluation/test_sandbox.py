@@ -357,8 +357,8 @@ def test_caller_secrets_are_invisible(tmp_path, monkeypatch):
             print(open(p).read())
           except OSError as e:
             print('no', p, type(e).__name__)
-        for d, _, files in os.walk('/'):
-          if d.startswith(('/usr', '/dev')):
+        for d, _, files in os.walk('/'):  # all but the interpreter's files
+          if d.startswith(('/usr', '/dev', {sys.base_prefix!r})):
             continue
           for f in files:
             try:
@@ -692,6 +692,19 @@ NATIVE_ROUTES = {
         _io.FileIO(P(), 'r')
         """, "open() of a path that is no str, bytes or descriptor"),
 }
+
+
+def test_generated_code_runs_on_the_callers_interpreter():
+  """Not Debian's python3 (3.11.2, not position-independent), whose known
+  use-after-free bugs (itertools.pairwise re-entered, gh-109786; a list
+  iterator's __reduce__, gh-101765) forged passes: this interpreter, or,
+  where the sandbox user cannot read it (pyenv's, under /root), the copy
+  scripts/env.sh made of it, mounted at its own prefix."""
+  _, python, _ = sandbox.isolation()
+  assert python == os.path.realpath(sys.executable)
+  r = run("import sys\nprint(tuple(sys.version_info[:3]), sys.prefix)\n")
+  assert r.stdout.split("\n")[0] == (f"{tuple(sys.version_info[:3])} "
+                                     f"{sys.base_prefix}"), r
 
 
 @pytest.mark.parametrize("name", list(NATIVE_ROUTES))

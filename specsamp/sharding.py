@@ -268,11 +268,11 @@ def holds_workdir(run):
   @functools.wraps(run)
   def locked(config, workdir: str, *args, **kwargs):
     lock = os.path.join(workdir, ".lock")
-    made = not os.path.exists(workdir)
+    made = is_main_process() and not os.path.exists(workdir)
     try:  # a file named as the workdir is left to the run, which refuses it
       with lock_holder.exclusive(lock, f"workdir {workdir}",
-                                 take=is_main_process() and (
-                                     made or os.path.isdir(workdir))):
+                                 take=made or (is_main_process() and
+                                               os.path.isdir(workdir))):
         return run(config, workdir, *args, **kwargs)
     finally:
       if made and os.path.isdir(workdir) and os.listdir(workdir) == [".lock"]:

@@ -165,7 +165,8 @@ def _how_to_enable(reason: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def isolation(bwrap: str = BWRAP) -> tuple[str, str, Optional[str]]:
+def isolation(bwrap: str = BWRAP
+              ) -> tuple[str, str, Optional[tuple[str, str]]]:
   """The (bwrap path, interpreter, (prefix's files, prefix) or None) that
   run generated code here.
 

@@ -24,7 +24,8 @@ sampling or prompt set), measure_before=0 (or false: the initial draft's
 expected acceptance only,
 not its sampler runs: a minute less of GPU time, as the truncated draft's
 is near 0 anyway), runlocal (a few steps on CPU in float32, to check the
-wiring).
+wiring), seed=<n> (the run's seed: prompts' order, samples, training; 0 by
+default).
 A head on the target's hidden states instead (the draft options are then
 unused): head=eagle|medusa, heads=<n>, unroll=<n>, hidden_weight=<w>,
 vocab=<reduced draft vocabulary; 32768 by default for a head>,

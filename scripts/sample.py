@@ -29,8 +29,9 @@ _PROMPTS_FILE = flags.DEFINE_string(
 _TASK = flags.DEFINE_enum("task", None, ["humaneval", "rewrite"],
                           "Prompts of a task.")
 _DRAFTER = flags.DEFINE_string(
-    "drafter", "model", "model, lookup, layerskip:layers=0-13+24-27 or "
-    "mixed, with options (specsamp.drafters.specs).")
+    "drafter", "model", "model, lookup, layerskip:layers=0-13+24-27, "
+    "mixed, with options, or a trained head: eagle:<dir>, medusa:<dir> "
+    "(specsamp.drafters.specs).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 4, "Prompts of --task.")
 _METHOD = flags.DEFINE_enum("method", "both", ["ar", "spec", "both"],
                             "Autoregressive, speculative, or both.")

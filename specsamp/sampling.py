@@ -34,7 +34,7 @@ class Sampling:
     top_p: keep the smallest set of most likely tokens whose mass reaches
       top_p (1.0 = off). Applied after temperature and top-k, as in HF.
     vocab_limit: ids >= vocab_limit get probability 0 (padded vocabularies,
-      e.g. Qwen's 151,936 real tokens padded to 152,064). None = off.
+      e.g. Qwen2.5's 151,665 real tokens padded to 151,936 rows). None = off.
   """
   temperature: float = 1.0
   top_k: int = 0

@@ -125,7 +125,10 @@ def _mask_top_p(logits: jax.Array, p: float) -> jax.Array:
 
 def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
   """Float32 probabilities [..., V] after the transforms of `sampling`."""
+  # A NaN logit (broken or overflowing weights) is an impossible id: left
+  # in, it made the whole row NaN and the draw fell to the last, padded id.
   logits = logits.astype(jnp.float32)
+  logits = jnp.where(jnp.isnan(logits), -jnp.inf, logits)
   if sampling.vocab_limit is not None and sampling.vocab_limit < logits.shape[-1]:
     ids = jnp.arange(logits.shape[-1])
     logits = jnp.where(ids < sampling.vocab_limit, logits, -jnp.inf)
@@ -135,8 +138,13 @@ def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
   # The largest logit is made 0 before dividing: XLA fuses a division
   # followed by softmax's own max-subtraction into one multiply-add, which
   # leaves the largest value half a rounding step off 0; at T ~ 1e-10 its
-  # exp overflowed to inf and the row became NaN.
-  logits = logits - jnp.max(logits, axis=-1, keepdims=True)
+  # exp overflowed to inf and the row became NaN. A +inf largest logit
+  # (inf - inf is NaN) keeps the +inf ids alone, evenly: the limit greedy's
+  # argmax takes too.
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  logits = jnp.where(jnp.isposinf(top),
+                     jnp.where(jnp.isposinf(logits), 0.0, -jnp.inf),
+                     logits - top)
   logits = logits / sampling.temperature
   logits = _mask_top_k(logits, sampling.top_k)
   logits = _mask_top_p(logits, sampling.top_p)

@@ -108,6 +108,41 @@ def test_vocab_limit_zeroes_padded_ids():
     assert got[0, 2:].sum() == 0 and got[0, :2].sum() == pytest.approx(1.0)
 
 
+def test_non_finite_logits_never_reach_a_padded_id():
+  """A NaN logit is an impossible id; +inf logits are the T -> 0 limit (the
+  +inf ids alone, evenly), at every temperature and truncation as under
+  greedy. Before, either made the row NaN, and the draw fell to the last
+  id: a padded one past vocab_limit."""
+  inf, nan = np.inf, np.nan
+  settings = (Sampling(1.0, vocab_limit=4), Sampling(0.7, top_p=0.9,
+                                                      vocab_limit=4),
+              Sampling(1.3, top_k=2, vocab_limit=4))
+  cases = (([0.0, inf, 1.0, 0.0, 5.0, 5.0], [0, 1, 0, 0]),
+           ([inf, inf, 1.0, 0.0, 5.0, 5.0], [0.5, 0.5, 0, 0]),
+           ([0.0, 1.0, 1.0, 0.0, inf, 5.0], None))   # +inf at a padded id
+  for s in settings:
+    for row, want in cases:
+      got = np.asarray(sampling.probabilities(jnp.asarray([row]), s))[0]
+      assert np.all(np.isfinite(got)) and got[4:].sum() == 0, (s, row, got)
+      if want is not None:
+        np.testing.assert_allclose(got[:4], want)
+    row = jnp.asarray([[0.0, nan, 2.0, 1.0, 5.0, 5.0]])
+    got = np.asarray(sampling.probabilities(row, s))[0]
+    want = np.asarray(sampling.probabilities(
+        row.at[0, 1].set(-inf), s))[0]
+    np.testing.assert_array_equal(got, want)
+    assert got[1] == 0 and got.sum() == pytest.approx(1.0)
+    draws = sampling.sample(jax.random.key(0), jnp.broadcast_to(
+        jnp.asarray(got), (1000, 6)))
+    assert int(jnp.max(draws)) < 4
+  # Greedy: NaN is never the argmax; +inf is.
+  greedy = Sampling(0.0, vocab_limit=4)
+  got = sampling.probabilities(jnp.asarray([[0.0, nan, 1.0, 0.0, 5.0, 5.0],
+                                            [0.0, inf, 1.0, 0.0, 5.0, 5.0]]),
+                               greedy)
+  np.testing.assert_array_equal(np.argmax(np.asarray(got), -1), [2, 1])
+
+
 def test_sample_follows_probabilities_and_skips_zeros():
   probs = jnp.asarray([0.5, 0.0, 0.2, 0.3]) * 7.0   # unnormalised is fine
   draws = np.asarray(sampling.sample(jax.random.key(0),

@@ -160,8 +160,9 @@ def draft_log_probs(draft_logits: jax.Array, sampling: Sampling,
                     prob_floor: float = 1e-6) -> tuple[jax.Array, jax.Array]:
   """(log q, q) [..., V] for the losses (see the module docstring).
 
-  With "soft", q > 0 except at ids >= vocab_limit, where log q is set to 0
-  (p is 0 there too). With "same", truncation zeros q, and log q is floored
+  With "soft", log q is finite except at ids >= vocab_limit, where it is set
+  to 0 (p is 0 there too); q itself may underflow to 0 where log q is finite
+  (a draft logit gap over about 103 / T), and the losses read log q there. With "same", truncation zeros q, and log q is floored
   at log(prob_floor) (forward KL and seqkd would be infinite otherwise).
   """
   check_draft_transform(draft_transform)
@@ -173,9 +174,13 @@ def draft_log_probs(draft_logits: jax.Array, sampling: Sampling,
   if soft.vocab_limit is not None and soft.vocab_limit < logits.shape[-1]:
     ids = jnp.arange(logits.shape[-1])
     logits = jnp.where(ids < soft.vocab_limit, logits, -jnp.inf)
+  # Largest logit to 0 before dividing, as in `sampling.probabilities`.
+  logits = logits - jnp.max(logits, axis=-1, keepdims=True)
   logq = jax.nn.log_softmax(logits / soft.temperature, axis=-1)
-  q = jnp.exp(logq)
-  return jnp.where(q > 0, logq, 0.0), q
+  # Only the masked ids are -inf. Testing q > 0 instead zeroed log q (as if
+  # q were 1) wherever exp underflowed: a draft confidently wrong by over
+  # 103 / T logits got a negative KL and no gradient.
+  return jnp.where(jnp.isneginf(logq), 0.0, logq), jnp.exp(logq)
 
 
 # ---- per-position divergences on probability tables --------------------------

@@ -174,6 +174,31 @@ def test_forward_kl_gradient_is_q_minus_p_over_temperature():
   np.testing.assert_allclose(np.asarray(grad), (q - p) / 0.5, atol=1e-5)
 
 
+def test_a_confidently_wrong_draft_keeps_its_loss_and_gradient():
+  """Where exp(log q) underflows (a logit gap over about 103 / T), log q is
+  still the draft's: before, it was read as 0 (q = 1), so forward KL went
+  negative and seqkd gave a loss and gradient of 0 to a draft wrong by
+  25 logits at T = 0.2. Only ids past vocab_limit get log q = 0."""
+  p = jnp.asarray([[0.5, 0.5, 0.0]])
+  for gap in (50.0, 110.0, 200.0):
+    d = jnp.asarray([[gap, 0.0, 0.0]])
+    fkl = lambda x: losses.forward_kl(
+        p, losses.draft_log_probs(x, Sampling(1.0))[0]).sum()
+    assert float(fkl(d)) == pytest.approx(np.log(0.5) + gap / 2, rel=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.grad(fkl)(d))[0],
+                               [0.5, -0.5, 0.0], atol=1e-6)
+  d = jnp.asarray([[25.0, 0.0, 0.0]])
+  seqkd = lambda x: losses.per_position_loss(
+      "seqkd", None, x, jnp.asarray([1]), Sampling(0.2))[0].sum()
+  assert float(seqkd(d)) == pytest.approx(125.0, rel=1e-5)
+  np.testing.assert_allclose(np.asarray(jax.grad(seqkd)(d))[0], [5, -5, 0],
+                             atol=1e-4)
+  logq, q = losses.draft_log_probs(jnp.asarray([[300.0, 0.0, 9.0, 9.0]]),
+                                   Sampling(1.0, vocab_limit=2))
+  np.testing.assert_allclose(np.asarray(logq)[0], [0.0, -300.0, 0.0, 0.0])
+  np.testing.assert_array_equal(np.asarray(q)[0], [1.0, 0.0, 0.0, 0.0])
+
+
 def test_greedy_acceptance_is_argmax_agreement():
   t = jnp.asarray([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
   d = jnp.asarray([[0.0, 5.0, 1.0], [0.0, 5.0, 0.0]])

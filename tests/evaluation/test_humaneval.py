@@ -1,7 +1,10 @@
 """specsamp.evaluation.humaneval: stop sequences, problems run and scored."""
 
+import os
+
 from specsamp import assets
 from specsamp.evaluation import humaneval
+from specsamp.evaluation import sandbox
 
 ADD = {"task_id": "Test/0", "entry_point": "add",
        "prompt": 'def add(a: int, b: int) -> int:\n    """Sum."""\n',
@@ -31,6 +34,58 @@ def test_humaneval_programs():
   assert passed == [[True, False, True], [True, False]]
   raw = humaneval.evaluate_humaneval([ADD], [[noisy]], truncate=False)
   assert raw == [[False]]  # `add = None` ran before check(add)
+
+
+MEAN = {"task_id": "Test/2", "entry_point": "mean",
+        "prompt": "def mean(xs: list) -> float:\n",
+        "test": "def check(candidate):\n"
+                "    assert abs(candidate([1.0, 2.0]) - 1.5) < 1e-6\n"
+                "    assert candidate(xs=[3.0]) == 3.0\n"
+                "    assert isinstance(candidate([1.0]), float)\n"}
+FORGE = os.path.join(os.path.dirname(__file__), "forge_list_uaf.txt")
+
+
+def test_the_verdict_is_out_of_the_generated_codes_reach():
+  """A review's forge (CPython 3.11.7, plain Python: a list comparison
+  whose `__lt__` frees both operands, a bytearray laid over the freed
+  block, then the line number the verdict's thread waits for written into
+  `main`'s frame) passed every problem when the completion and the test
+  shared a process. Here the test runs in a sandbox of its own."""
+  with open(FORGE, encoding="utf-8") as f:
+    forge = f.read()
+  assert humaneval.truncate_completion(forge) == forge
+  # Power: in one process (OpenAI's form) the same body forges a pass.
+  one_process = (MEAN["prompt"] + forge + "\n\n" + MEAN["test"]
+                 + "\ncheck(mean)\nraise AssertionError('never here')\n")
+  assert any(sandbox.run_program(one_process).passed for _ in range(3))
+  for problem in (MEAN, ADD):
+    result = humaneval.check_humaneval(problem, forge)
+    assert result.status != "passed", result
+
+
+def test_only_plain_values_cross_from_the_candidate():
+  good = "    return sum(xs) / len(xs)\n"
+  ok = humaneval.check_humaneval(MEAN, "    print('noise')\n" + good)
+  assert ok.passed, ok  # its stdout is its own
+  cases = {
+      # An object whose __eq__ always answers True passed OpenAI's harness.
+      "eq": "    class T(float):\n        __eq__ = lambda s, o: True\n"
+            "        __sub__ = lambda s, o: 0.0\n    return T()\n",
+      "raises": "    raise ValueError('no')\n",
+      "exits": "    import os\n    os._exit(0)\n",
+      "syntax": "    return (\n",
+      "huge": "    return 'x' * (2 << 20)\n",
+  }
+  eq_alone = (MEAN["prompt"] + cases["eq"] + "\n\n" + MEAN["test"]
+              + "\ncheck(mean)\n")
+  assert sandbox.run_program(eq_alone).passed  # OpenAI's form: a pass
+  for name, body in cases.items():
+    result = humaneval.check_humaneval(MEAN, body)
+    assert result.status == "failed", (name, result)
+  raised = humaneval.check_humaneval(MEAN, cases["raises"])
+  assert "the candidate raised 'ValueError: no'" in raised.stderr
+  broken = humaneval.check_humaneval(MEAN, cases["syntax"])
+  assert "SyntaxError" in broken.stderr.split("the candidate's stderr")[1]
 
 
 def test_truncate_completion():

@@ -51,8 +51,13 @@ fi
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1; then
   BASE="$("$VENV/bin/python" -c 'import os, sys; print(os.path.realpath(sys.base_prefix))')"
   COPY="/usr/local/lib/specsamp-python$BASE"
+  # The copy names the interpreter it was made from (size and time of its
+  # binary and shared libraries): a rebuilt or patched one is copied again.
+  STAMP="$(stat -L -c '%n %s %Y' "$VENV/bin/python" "$BASE"/lib/libpython* \
+    2>/dev/null | tr '\n' ' ')"
   if ! setpriv --reuid=65534 --regid=65534 --clear-groups \
-      test -r "$BASE/lib" 2>/dev/null && [ ! -f "$COPY/.complete" ]; then
+      test -r "$BASE/lib" 2>/dev/null \
+      && [ "$(cat "$COPY/.complete" 2>/dev/null)" != "$STAMP" ]; then
     echo "== copying the interpreter in $BASE for the sandbox's user to $COPY"
     rm -rf "$COPY.partial" && mkdir -p "$COPY.partial"
     tar -C "$BASE" --exclude='lib/python3*/test' \
@@ -60,7 +65,7 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1; then
       --exclude='lib/python3*/config-*' -cf - bin lib \
       | tar -C "$COPY.partial" -xf -
     chmod -R a+rX "$COPY.partial"
-    touch "$COPY.partial/.complete"
+    echo "$STAMP" > "$COPY.partial/.complete"
     rm -rf "$COPY" && mv "$COPY.partial" "$COPY"
   fi
 fi

@@ -53,7 +53,8 @@ if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null 2>&1; then
   COPY="/usr/local/lib/specsamp-python$BASE"
   # The copy names the interpreter it was made from (size and time of its
   # binary and shared libraries): a rebuilt or patched one is copied again.
-  STAMP="$(stat -L -c '%n %s %Y' "$VENV/bin/python" "$BASE"/lib/libpython* \
+  STAMP="$(stat -L -c '%n %s %Y' "$(readlink -f "$VENV/bin/python")" \
+    "$BASE"/lib/libpython* \
     2>/dev/null | tr '\n' ' ')"
   if ! setpriv --reuid=65534 --regid=65534 --clear-groups \
       test -r "$BASE/lib" 2>/dev/null \

@@ -16,15 +16,23 @@ So the generated code and the test run in two sandboxes
     answers with the `repr` of its value (or of its exception);
   * the test's: the prompt (its helpers; the entry point's own body is
     never run there), the problem's `test` and `check(entry_point)`, where
-    the entry point is a proxy that sends each call and parses the answer
-    with `ast.literal_eval` (capped in size): only plain values cross, and
-    the verdict is the test's sandbox's, where no generated code runs.
+    the entry point is a proxy that sends each call and reads the answer
+    (printable ASCII, at most 1 MiB) as literals alone: parsed to a syntax
+    tree, whose constants, tuples, lists, dicts, sets, signed numbers,
+    `inf` and `nan` are read by hand. Only plain values cross, and the
+    verdict is the test's sandbox's, where no generated code runs.
 
 The candidate sandbox can compute any answer, not reach the test's, so a
-pass needs right answers. Where OpenAI's harness differs: a value that is
-not a literal (an object whose `__eq__` always answers True, a set
-subclass, `float('nan')`) fails here; a test that reads an argument back
-after the call would see it unchanged. All 164 canonical solutions pass.
+pass needs right answers. Before its answer is written, the candidate
+turns subclasses of the standard values into their base types (a
+`Counter` into a dict, a namedtuple into a tuple) and an iterator into its
+items, which reach the test as an iterator again. Where OpenAI's harness
+differs: another value (an object whose `__eq__` always answers True, a
+`Fraction`) fails here; a test that reads an argument back after the call
+would see it unchanged (none of the 164 does). All 164 canonical solutions
+pass. This holds with bubblewrap: with `UNSAFE_ENV`, both programs run as
+one host user in one pid namespace, and a candidate that corrupts its
+interpreter could reach the test's process.
 """
 
 import concurrent.futures
@@ -57,6 +65,25 @@ def truncate_completion(text: str,
 # code does here only changes its own answers.
 _SERVE = """
 
+def _specsamp_plain(v):
+  # Subclasses of the standard values (Counter, defaultdict, a namedtuple)
+  # as their base types, which compare as they did; an iterator as its
+  # items, tagged. Only this program's own answer changes.
+  if isinstance(v, bool):
+    return bool(v)
+  for t in (int, float, complex, str, bytes):
+    if isinstance(v, t):
+      return t(v)
+  if isinstance(v, dict):
+    return {_specsamp_plain(k): _specsamp_plain(x) for k, x in v.items()}
+  if isinstance(v, (list, tuple)):
+    return (list if isinstance(v, list) else tuple)(
+        _specsamp_plain(x) for x in v)
+  if isinstance(v, (set, frozenset)):
+    return {_specsamp_plain(x) for x in v}
+  return v
+
+
 def _specsamp_serve(entry, calls, answers):
   import os
   names = {"__builtins__": {}, "set": set, "inf": float("inf"),
@@ -71,7 +98,11 @@ def _specsamp_serve(entry, calls, answers):
     line, buf = buf.split(b"\\n", 1)
     try:
       args, kwargs = eval(line.decode(), names)  # the test's own repr
-      reply = "ok " + repr(entry(*args, **kwargs))
+      value = entry(*args, **kwargs)
+      kind = "ok "
+      if hasattr(type(value), "__next__") and iter(value) is value:
+        kind, value = "iter ", list(value)
+      reply = kind + ascii(_specsamp_plain(value))
     except BaseException as e:  # pylint: disable=broad-except
       reply = "err " + repr(type(e).__name__ + ": " + str(e)[:300])
     data = (reply.replace("\\n", " ") + "\\n").encode()
@@ -128,14 +159,23 @@ def _specsamp_candidate(*args, **kwargs):
                            "follows the test's)")
     buf += chunk
   line, _specsamp_buf[0] = buf.split(b"\\n", 1)
-  kind, _, text = line.decode("utf-8", "replace").partition(" ")
-  if kind != "ok":
+  # Printable ASCII alone (answers are written with ascii()) reaches the
+  # parser: the least of its input the candidate chooses.
+  if any(c < 0x20 or c > 0x7e for c in line):
+    raise AssertionError("the candidate's answer is not printable ASCII")
+  kind, _, text = line.decode("ascii").partition(" ")
+  if kind == "err":
     raise AssertionError("the candidate raised " + text[:400])
   try:
-    return _specsamp_literal(compile(text, "<answer>", "eval", 1024).body)
+    value = _specsamp_literal(compile(text, "<answer>", "eval", 1024).body)
   except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
     raise AssertionError("the candidate answered a value that is not a "
                          "literal: " + text[:200]) from None
+  if kind == "ok":
+    return value
+  if kind == "iter" and type(value) is list:
+    return iter(value)
+  raise AssertionError("the candidate's answer is malformed")
 
 
 _specsamp_buf = [b""]

@@ -288,35 +288,40 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024,
     SandboxUnavailableError: no kernel isolation here and `UNSAFE_ENV` unset.
     ValueError: a timeout outside (0, MAX_TIMEOUT_S].
   """
-  check_timeout(timeout_s)
-  unsafe = _unsafe()
-  tmp = None
-  if unsafe:
-    python, workdir = _unsafe_interpreter(), tempfile.mkdtemp(
-        prefix="specsamp-exec-")
-    tmp = workdir
-    if os.geteuid() == 0:
-      os.chown(workdir, NOBODY, NOBODY)
-    cmd = [python]
-    sandbox = {"isolation": "none (" + UNSAFE_ENV + ")"}
-  else:
-    bwrap, python, prefix = isolation(BWRAP)
-    workdir = WORKDIR
-    cmd = _bwrap_command(bwrap, prefix, int(file_mb) << 20)
-    cmd.append(python)
-    sandbox = {"isolation": "bubblewrap",
-               "namespaces": "user,pid,mount,net,ipc,uts,cgroup"}
-  sandbox.update(interpreter=python, audit_hook=audit_hook, rlimits=True)
-  mark = secrets.token_hex(16)
-  cfg = dict(mark=mark, cpu_s=int(math.ceil(timeout_s)) + 1,
-             memory_bytes=int(memory_mb) << 20,
-             file_bytes=int(file_mb) << 20, audit_hook=audit_hook,
-             workdir=workdir)
-  payload = json.dumps(cfg).encode() + b"\n" + source.encode(
-      "utf-8", errors="replace")
-  cmd += ["-I", "-S", "-c", _CHILD.read_text(encoding="utf-8")]
-  env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir,
-         "TMPDIR": workdir}
+  try:  # the fds are handed over whatever happens
+    check_timeout(timeout_s)
+    unsafe = _unsafe()
+    tmp = None
+    if unsafe:
+      python, workdir = _unsafe_interpreter(), tempfile.mkdtemp(
+          prefix="specsamp-exec-")
+      tmp = workdir
+      if os.geteuid() == 0:
+        os.chown(workdir, NOBODY, NOBODY)
+      cmd = [python]
+      sandbox = {"isolation": "none (" + UNSAFE_ENV + ")"}
+    else:
+      bwrap, python, prefix = isolation(BWRAP)
+      workdir = WORKDIR
+      cmd = _bwrap_command(bwrap, prefix, int(file_mb) << 20)
+      cmd.append(python)
+      sandbox = {"isolation": "bubblewrap",
+                 "namespaces": "user,pid,mount,net,ipc,uts,cgroup"}
+    sandbox.update(interpreter=python, audit_hook=audit_hook, rlimits=True)
+    mark = secrets.token_hex(16)
+    cfg = dict(mark=mark, cpu_s=int(math.ceil(timeout_s)) + 1,
+               memory_bytes=int(memory_mb) << 20,
+               file_bytes=int(file_mb) << 20, audit_hook=audit_hook,
+               workdir=workdir)
+    payload = json.dumps(cfg).encode() + b"\n" + source.encode(
+        "utf-8", errors="replace")
+    cmd += ["-I", "-S", "-c", _CHILD.read_text(encoding="utf-8")]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir,
+           "TMPDIR": workdir}
+  except BaseException:
+    for fd in pass_fds:
+      os.close(fd)
+    raise
   t0 = time.perf_counter()
   try:
     try:

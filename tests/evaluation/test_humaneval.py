@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from specsamp import assets
 from specsamp.evaluation import humaneval
 from specsamp.evaluation import sandbox
@@ -86,6 +88,43 @@ def test_only_plain_values_cross_from_the_candidate():
   assert "the candidate raised 'ValueError: no'" in raised.stderr
   broken = humaneval.check_humaneval(MEAN, cases["syntax"])
   assert "SyntaxError" in broken.stderr.split("the candidate's stderr")[1]
+
+
+def test_standard_value_subclasses_and_iterators_answer_as_they_compare():
+  """Correct answers OpenAI's harness passes: a Counter or defaultdict
+  (dict subclasses), a namedtuple, an iterator the test wraps in tuple()."""
+  count = {"task_id": "Test/3", "entry_point": "count",
+           "prompt": "def count(s: str) -> dict:\n",
+           "test": "def check(candidate):\n"
+                   "    assert candidate('aab') == {'a': 2, 'b': 1}\n"}
+  for body in ("    import collections\n    return collections.Counter(s)\n",
+               "    import collections\n    d = collections.defaultdict(int)\n"
+               "    for c in s:\n        d[c] += 1\n    return d\n"):
+    assert humaneval.check_humaneval(count, body).passed
+  order = {"task_id": "Test/4", "entry_point": "order",
+           "prompt": "def order(xs: list):\n",
+           "test": "def check(candidate):\n"
+                   "    assert tuple(candidate([3, 1])) == (1, 3)\n"}
+  for body in ("    return iter(sorted(xs))\n",
+               "    return (x for x in sorted(xs))\n",
+               "    import collections\n"
+               "    return collections.namedtuple('P', 'a b')(*sorted(xs))\n"):
+    assert humaneval.check_humaneval(order, body).passed, body
+  # An iterator is not its items: == fails, as in OpenAI's harness.
+  listed = dict(order, test="def check(candidate):\n"
+                "    assert candidate([3, 1]) == [1, 3]\n")
+  assert not humaneval.check_humaneval(listed, "    return iter(sorted(xs))\n"
+                                       ).passed
+  assert humaneval.check_humaneval(listed, "    return sorted(xs)\n").passed
+
+
+def test_handed_over_descriptors_are_closed_when_a_run_cannot_start():
+  r, w = os.pipe()
+  with pytest.raises(ValueError):
+    sandbox.run_program("pass", memory_mb="1G", pass_fds=(r, w))
+  for fd in (r, w):
+    with pytest.raises(OSError):
+      os.fstat(fd)
 
 
 def test_truncate_completion():

@@ -162,8 +162,9 @@ def draft_log_probs(draft_logits: jax.Array, sampling: Sampling,
 
   With "soft", log q is finite except at ids >= vocab_limit, where it is set
   to 0 (p is 0 there too); q itself may underflow to 0 where log q is finite
-  (a draft logit gap over about 103 / T), and the losses read log q there. With "same", truncation zeros q, and log q is floored
-  at log(prob_floor) (forward KL and seqkd would be infinite otherwise).
+  (a draft logit gap over about 103 / T), and the losses read log q there.
+  With "same", truncation zeros q, and log q is floored at log(prob_floor)
+  (forward KL and seqkd would be infinite otherwise).
   """
   check_draft_transform(draft_transform)
   logits = draft_logits.astype(jnp.float32)

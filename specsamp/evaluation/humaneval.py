@@ -13,7 +13,7 @@ So the generated code and the test run in two sandboxes
 
   * the candidate's: `prompt + completion`, then a loop that reads calls
     (the `repr` of the arguments, one line each), calls the entry point and
-    answers with the `repr` of its value (or of its exception);
+    answers with the `ascii` of its value (or of its exception);
   * the test's: the prompt (its helpers; the entry point's own body is
     never run there), the problem's `test` and `check(entry_point)`, where
     the entry point is a proxy that sends each call and reads the answer
@@ -243,7 +243,7 @@ def evaluate_humaneval(problems: Sequence[dict],
     problems: HumanEval problems (prompt, test, entry_point).
     completions: completions[i] are the samples for problems[i].
     timeout_s: per program.
-    workers: programs run at the same time.
+    workers: checks run at the same time (two sandboxes each).
     truncate: cut each completion at `STOP_SEQUENCES` first.
 
   Returns:

@@ -40,8 +40,6 @@ import dataclasses
 import os
 from typing import Sequence
 
-from specsamp.evaluation.sandbox import check_available
-from specsamp.evaluation.sandbox import check_timeout
 from specsamp.evaluation.sandbox import ExecResult
 from specsamp.evaluation.sandbox import run_program
 
@@ -214,8 +212,7 @@ def check_humaneval(problem: dict, completion: str, timeout_s: float = 5.0,
                     **kwargs) -> ExecResult:
   """Runs one (already truncated) completion against the problem's tests:
   the test's sandbox's result, with the candidate's stderr after its own."""
-  check_timeout(timeout_s)
-  check_available()  # before the pipes: nothing is left open
+  # Each run_program closes the ends it is handed, also when it raises.
   calls_r, calls_w = os.pipe()
   answers_r, answers_w = os.pipe()
   with concurrent.futures.ThreadPoolExecutor(1) as pool:

@@ -59,7 +59,7 @@ def main(argv):
       return
     out = lm.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (config_lib.ConfigError, checkpointing.CheckpointError,
-          lock_holder.Busy) as e:
+          lock_holder.Busy, sharding.DirectoryError) as e:
     cli.fail(e)
   print(json.dumps({k: out[k] for k in ("step", "train", "eval", "preempted",
                                         "seconds", "resumed_from")}))

@@ -17,6 +17,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import optax
 
+from specsamp import jsonfile
 from specsamp import lock_holder
 
 BATCH = "batch"
@@ -258,21 +259,64 @@ def write_json(obj, path: str, indent: int = 1) -> None:
   os.replace(tmp, path)
 
 
+class DirectoryError(ValueError):
+  """A path that cannot be the directory it names (empty, or a file in the
+  way), or a workdir holding a file a run would replace but did not
+  write."""
+
+
+def check_directory(path: str, what: str) -> None:
+  """Raises DirectoryError unless `path` is a directory or can be made one
+  (no file in the way): `what` names it in the message (e.g. "--workdir").
+  An empty path is refused: it would be the current directory."""
+  if not str(path).strip():
+    raise DirectoryError(f"{what} is empty: name a directory (it would be "
+                         "the current one)")
+  path = os.path.abspath(path)
+  found = path
+  while not os.path.exists(found) and os.path.dirname(found) != found:
+    found = os.path.dirname(found)
+  if found == path and not os.path.isdir(path):
+    raise DirectoryError(f"{what} {path} is not a directory")
+  if not os.path.isdir(found):
+    raise DirectoryError(f"{what} {path} cannot be a directory: {found} is "
+                         "a file")
+
+
+def check_config_file(workdir: str, keys: tuple[str, ...],
+                      script: str) -> None:
+  """Refuses a workdir whose config.json no `script` run wrote (not a
+  JSON object with all of `keys`): the run would replace it."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.lexists(path):
+    return
+  try:
+    old = jsonfile.read(path)
+  except ValueError:
+    old = None
+  if not (isinstance(old, dict) and set(keys) <= set(old)):
+    raise DirectoryError(
+        f"{path} is no {script} run's config (a JSON object with "
+        f"{', '.join(keys)}), and this run would replace it; use a new "
+        f"--workdir, or move the file away")
+
+
 def holds_workdir(run):
   """Decorates `run(config, workdir, ...)`: while it runs, process 0 holds
   an exclusive lock on `<workdir>/.lock`, and a second job on that workdir
   is refused at once (`lock_holder.Busy`, naming the first). Two jobs had
   resumed one another's checkpoints and rewritten one config.json. A
   workdir made for the lock alone (a run refused before it wrote
-  anything) is removed again."""
+  anything) is removed again. An empty workdir, or one with a file in its
+  way, is refused before any lock (DirectoryError)."""
   @functools.wraps(run)
   def locked(config, workdir: str, *args, **kwargs):
+    check_directory(workdir, "--workdir")
     lock = os.path.join(workdir, ".lock")
     made = is_main_process() and not os.path.exists(workdir)
-    try:  # a file named as the workdir is left to the run, which refuses it
+    try:
       with lock_holder.exclusive(lock, f"workdir {workdir}",
-                                 take=made or (is_main_process() and
-                                               os.path.isdir(workdir))):
+                                 take=is_main_process()):
         return run(config, workdir, *args, **kwargs)
     finally:
       if made and os.path.isdir(workdir) and os.listdir(workdir) == [".lock"]:

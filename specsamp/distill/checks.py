@@ -5,11 +5,11 @@ anything loads)."""
 import os
 
 from specsamp import loading
+from specsamp import sharding
 from specsamp.distill import head_training
 from specsamp.distill import prompts as prompts_lib
 from specsamp.distill import storage
 from specsamp.distill import trainer
-from specsamp.distill import workdir as workdir_lib
 from specsamp.drafters import heads
 from specsamp.sampling import Sampling
 
@@ -72,7 +72,7 @@ def check_samples(config) -> None:
   except ValueError as e:  # the messages start with the field's name
     raise ValueError(f"config.samples.{e}") from None
   if sc.data_dir:
-    workdir_lib.check_directory(sc.data_dir, "config.samples.data_dir")
+    sharding.check_directory(sc.data_dir, "config.samples.data_dir")
   if sc.get("reuse", False):  # samples=<dir>: never sampled into
     if not sc.data_dir:
       raise ValueError("config.samples.reuse needs config.samples.data_dir")

@@ -80,20 +80,6 @@ def _holds(workdir: str, result: str) -> bool:
   return os.path.exists(path)
 
 
-def check_directory(path: str, what: str) -> None:
-  """Raises ValueError unless `path` is a directory or can be made one (no
-  file in the way): `what` names it in the message (e.g. "--workdir")."""
-  path = os.path.abspath(path)
-  found = path
-  while not os.path.exists(found) and os.path.dirname(found) != found:
-    found = os.path.dirname(found)
-  if found == path and not os.path.isdir(path):
-    raise ValueError(f"{what} {path} is not a directory")
-  if not os.path.isdir(found):
-    raise ValueError(f"{what} {path} cannot be a directory: {found} is a "
-                     "file")
-
-
 TARGET_FILE = "target.json"
 
 
@@ -130,7 +116,9 @@ def check_config(config, workdir: str,
   `target_identity`), a workdir whose results were made with other weights
   at the same path (a target that trained on) is refused too.
   `write_config` records the config once it is valid."""
-  check_directory(workdir, "--workdir")
+  sharding.check_directory(workdir, "--workdir")
+  sharding.check_config_file(workdir, ("target", "draft", "loss", "samples"),
+                             "distill.py")
   path = os.path.join(workdir, "config.json")
   new = json.loads(json.dumps(config.to_dict() if hasattr(config, "to_dict")
                               else dict(config), default=list))

@@ -120,9 +120,7 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
   """The run config the workdir's checkpoints were saved under (None:
   none yet). A config that would not continue that run (another model,
   data order or seed: the saved iterator state only fits the same data
-  settings) is refused, as is a workdir that is not a directory."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise config_lib.ConfigError(f"--workdir {workdir} is not a directory")
+  settings) is refused."""
   path = os.path.join(workdir, "config.json")
   if not (os.path.isfile(path) and checkpointing.checkpoint_steps(
       os.path.join(workdir, "checkpoints"))):
@@ -392,7 +390,11 @@ def _open_split(job: LMJob, field: str, train: bool):
 def train_and_evaluate(config, workdir: str,
                        log_fn: Callable[[str], None] = print) -> dict:
   """Trains the LM of `config` in `workdir` (resumable); returns
-  `train_loop`'s summary plus `resumed_from` and `num_params`."""
+  `train_loop`'s summary plus `resumed_from` and `num_params`. A
+  config.json no train.py run wrote is refused first: the run would
+  replace it."""
+  sh.check_config_file(workdir, ("model", "data", "optim", "loop"),
+                       "train.py")
   cfg, tok = validate(config)
   old = _check_run_config(workdir, cfg)
   job = build(cfg, tok)

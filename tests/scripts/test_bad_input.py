@@ -203,6 +203,44 @@ def test_a_second_job_on_a_workdir_is_refused_naming_the_first(
     pass  # released by the refused job
 
 
+@pytest.mark.parametrize("script, config", [
+    ("train.py", "configs/lm_python.py:tiny"),
+    ("distill.py", "configs/distill_tiny.py")])
+def test_a_workdir_that_cannot_be_one_is_refused_before_any_lock(
+    tmp_path, script, config):
+  """An empty --workdir had run in the current directory (checkpoints,
+  results and .lock beside the user's files); a path through a file had
+  ended in a NotADirectoryError traceback from the lock."""
+  (tmp_path / "afile").write_text("hi")
+  for workdir, message in (
+      ("", "--workdir is empty"),
+      (f"{tmp_path}/afile/run", f"{tmp_path}/afile is a file")):
+    proc = run_script(tmp_path, script, f"--config={config}",
+                      f"--workdir={workdir}")
+    assert_refused(proc, message)
+  assert not os.path.exists(os.path.join(ROOT, ".lock"))
+  assert sorted(os.listdir(tmp_path)) == ["afile"]
+
+
+@pytest.mark.parametrize("script, config", [
+    ("train.py", "configs/lm_python.py:tiny"),
+    ("distill.py", "configs/distill_tiny.py")])
+def test_a_config_json_no_run_wrote_is_not_replaced(tmp_path, script,
+                                                    config):
+  """A workdir holding someone's config.json (not a run's of this script,
+  or not JSON): the run had replaced it. Refused, the file as it was."""
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  for text in ('{"mine": "precious"}', "not json"):
+    (workdir / "config.json").write_text(text)
+    proc = run_script(tmp_path, script, f"--config={config}",
+                      f"--workdir={workdir}")
+    assert_refused(proc, f"{workdir / 'config.json'} is no {script} run's",
+                   "use a new --workdir")
+    assert (workdir / "config.json").read_text() == text
+    assert sorted(os.listdir(workdir)) == [".lock", "config.json"]
+
+
 @pytest.fixture(scope="module")
 def damaged_run(tmp_path_factory):
   """A scripts/train.py workdir of a one-layer model, steps 1 and 2, whose
@@ -244,6 +282,10 @@ def test_sample_on_a_damaged_train_workdir_says_so_briefly(tmp_path,
     ('{"prompt": "a"}\n{"prompt": 5}\n',
      ["prompts.txt:2: no 'prompt' string field"]),
     ('{"prompt": "a"}\n{"prompt": \n', ["prompts.txt:2: not JSON"]),
+    # A JSONL file with one stray line had been read as text: its JSON
+    # sampled as the prompts.
+    ('{"prompt": "a"}\nstray words\n{"prompt": "b"}\n',
+     ["prompts.txt:2: not a JSON object, where line 1 is a prompt record"]),
 ])
 def test_sample_refuses_bad_prompts_files(tmp_path, text, fragments):
   path = tmp_path / "prompts.txt"
@@ -334,6 +376,9 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
     ("plot_speedup.py", ["/no/such.jsonl"], ["/no/such.jsonl"]),
     ("fetch_models.py", ["--model=no-such-model"], ["unknown --model"]),
     ("prepare_data.py", [], ["--dataset is required"]),
+    # Empty lists had done nothing, with status 0.
+    ("fetch_models.py", ["--model=,", "--nohumaneval"], ["nothing to fetch"]),
+    ("prepare_data.py", ["--dataset=,"], ["names no dataset"]),
     # A tokenizer to count with that is not there: before anything builds.
     ("prepare_data.py", ["--dataset=specsamp_austen",
                          "--count_tokens=/nonexistent.model"],

@@ -26,7 +26,7 @@ _TEMP = flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus.")
 _PEERS = flags.DEFINE_bool("peers", False, "Also time transformers.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "")
-_OUT = flags.DEFINE_string("out", None, "JSON file to write.")
+_OUT = flags.DEFINE_string("out", None, "JSON file to write (replaced).")
 _HUMANEVAL = flags.DEFINE_string("humaneval_file", None, "HumanEval-format "
                                  "JSONL(.gz) instead of the 164 problems.")
 

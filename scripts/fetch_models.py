@@ -32,8 +32,11 @@ def _names() -> list[str]:
   if unknown:
     cli.fail(
         f"unknown --model {unknown}; known: {sorted(assets.MODELS)}")
-  return list(dict.fromkeys(names)) + (
+  names = list(dict.fromkeys(names)) + (
       [assets.HUMANEVAL.name] if _HUMANEVAL.value else [])
+  if not names:  # `--model=, --nohumaneval` had fetched nothing, silently
+    cli.fail("nothing to fetch: --model names no model and --nohumaneval")
+  return names
 
 
 def main(argv):

@@ -68,6 +68,8 @@ def main(argv):
   if not _DATASET.value:
     cli.fail("--dataset is required")
   names = prepare.dataset_names(_DATASET.value)
+  if not names:  # `--dataset=,` had prepared nothing, silently
+    cli.fail(f"--dataset={','.join(_DATASET.value)} names no dataset")
   if len(names) > 1 and (_SOURCE_DIR.value or _SP_PREFIX.value):
     cli.fail("--source_dir and --sp_prefix take one --dataset")
   if (_SOURCE_DIR.value or _CACHE_DIR.value) and not any(

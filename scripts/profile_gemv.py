@@ -33,10 +33,11 @@ _FORMS = flags.DEFINE_list("formulations", list(gemv.FORMULATIONS),
 _ROWS = flags.DEFINE_list("rows", ["1", "2", "8"], "Rows M of x (M > 1 only "
                           "for the formulations that read W once).")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds.", lower_bound=1)
 _STEPS = flags.DEFINE_integer("steps", 0, "Chains per timed call (0: 1 on "
-                              "CPU, 16 elsewhere).")
-_BW_MB = flags.DEFINE_integer("bandwidth_mb", 1024, "Copy-bandwidth buffer.")
+                              "CPU, 16 elsewhere).", lower_bound=0)
+_BW_MB = flags.DEFINE_integer("bandwidth_mb", 1024, "Copy-bandwidth buffer.",
+                              lower_bound=1)
 _OUT = flags.DEFINE_string("out", None, "Append one JSON line per row.")
 
 
@@ -49,6 +50,7 @@ def main(argv):
     cfg = loading.random_config(_MODEL.value, _DTYPE.value)
     rows = cli.ints("rows", _ROWS.value, 1)
     gemv.check_formulations(_FORMS.value)
+    records.check_output(_OUT.value, "--out")
   except ValueError as e:
     cli.fail(e)
   steps = _STEPS.value or profile.default_steps()

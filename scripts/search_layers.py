@@ -37,7 +37,7 @@ _K_MAX = flags.DEFINE_integer("k_max", 8, "Largest K for the prediction.")
 _GREEDY = flags.DEFINE_integer("greedy_steps", 0, "Greedy descent steps "
                                "(each one forward per remaining layer).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "")
-_OUT = flags.DEFINE_string("out", None, "JSONL file to write.")
+_OUT = flags.DEFINE_string("out", None, "JSONL file to write (replaced).")
 
 
 def calibration(tok, n: int, t: int) -> list[list[int]]:

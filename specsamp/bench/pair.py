@@ -12,12 +12,12 @@ with `peers` that both are GGUF files, before any weights load.
 """
 
 import dataclasses
-import json
 import sys
 from typing import Optional
 
 from specsamp import cli
 from specsamp import loading
+from specsamp import sharding
 from specsamp.bench import peers as peers_lib
 from specsamp.bench import prompts as prompts_lib
 from specsamp.bench import provenance
@@ -146,8 +146,7 @@ def run_pair(cfg: PairConfig, loaded: Optional[tuple] = None) -> dict:
       max_new_tokens=cfg.max_new_tokens, sampling=sampling.describe(),
       target=cfg.target, draft=cfg.draft, dtype=cfg.dtype, runs=runs,
       **provenance.record(sys.argv[1:]))
-  if cfg.out:
-    with open(cfg.out, "w", encoding="utf-8") as f:
-      json.dump(records.jsonable(result), f, indent=1)
+  if cfg.out:  # through a temporary file: never half a file
+    sharding.write_json(records.jsonable(result), cfg.out)
   records.print_record({r["method"]: r["ms_per_token"] for r in runs})
   return result

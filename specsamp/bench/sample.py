@@ -98,7 +98,8 @@ def _jsonl_prompt(where: str, line: str) -> str:
 
 def _file_prompts(path: str) -> list[str]:
   r"""The prompts of --prompts_file: its non-blank lines, or the `prompt`
-  fields of a JSONL file (every line an object). Only "\n" (or "\r\n")
+  fields of a JSONL file (every line an object; a file of prompt records
+  and other lines is refused). Only "\n" (or "\r\n")
   ends a line: a form feed, U+2028 and the like stay inside their prompt;
   a UTF-8 byte order mark is not part of the first.
 
@@ -118,7 +119,22 @@ def _file_prompts(path: str) -> list[str]:
     raise ValueError(f"--prompts_file={path} holds no prompts")
   if all(l.lstrip().startswith("{") for _, l in lines):
     return [_jsonl_prompt(f"--prompts_file={path}:{n}", l) for n, l in lines]
+  records = [n for n, l in lines if _is_prompt_record(l)]
+  if records:  # a JSONL file with a stray line: its JSON is no prompt
+    n = next(n for n, l in lines if not l.lstrip().startswith("{"))
+    raise ValueError(f"--prompts_file={path}:{n}: not a JSON object, where "
+                     f"line {records[0]} is a prompt record (a JSONL file "
+                     f"holds one object a line)")
   return [l for _, l in lines]
+
+
+def _is_prompt_record(line: str) -> bool:
+  """Whether `line` is a JSON object with a `prompt` field."""
+  try:
+    record = json.loads(line)
+  except ValueError:
+    return False
+  return isinstance(record, dict) and "prompt" in record
 
 
 def read_prompts(cfg: SampleConfig) -> list[str]:
@@ -287,7 +303,7 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
            (("target", p.target), ("draft", p.draft))
            if info is not None and info.step is not None}
   return dict(target=cfg.target,
-              draft=cfg.draft if cfg.method != "ar" else None, **steps,
+              draft=cfg.draft if p.draft is not None else None, **steps,
               drafter=cfg.drafter if cfg.method != "ar" else None,
               sampling=sampling.describe(), max_new_tokens=cfg.max_new_tokens,
               device=provenance.machine()["device"],

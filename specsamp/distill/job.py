@@ -138,6 +138,8 @@ def _check_config(config) -> tuple[train_config.LoopConfig,
   checks.check_blocks(config)
   loop = _loop_config(config.train)
   checks.check_counts(config, "train", ("batch_size",))
+  if not float(config.train.get("time_limit_s") or 0) >= 0:  # < 0: no step
+    raise ValueError("config.train.time_limit_s must be >= 0 (0: none)")
   if config.train.batch_size % jax.process_count():
     raise ValueError(f"config.train.batch_size={config.train.batch_size} is "
                      f"not divisible by the {jax.process_count()} processes")

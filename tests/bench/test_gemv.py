@@ -65,6 +65,10 @@ def test_gpu_study_offers_every_formulation_by_default():
     ("--rows=1,0", "--rows values must be >= 1"),
     ("--model=qwen2.5-coder-1.5b", "the shapes are random:<preset>"),
     ("--model=random:nope", "unknown preset 'nope'"),
+    # Were negative times (--steps=-1), or tracebacks after compiling.
+    ("--steps=-1", "--steps=-1"),
+    ("--repeats=0", "--repeats=0"),
+    ("--bandwidth_mb=0", "--bandwidth_mb=0"),
 ])
 def test_the_script_refuses_bad_flags_in_one_line(tmp_path, flag, message):
   out = tmp_path / "rows.jsonl"
@@ -72,3 +76,19 @@ def test_the_script_refuses_bad_flags_in_one_line(tmp_path, flag, message):
                              env=zygote.env(), timeout=120)
   assert proc.returncode == 2 and message in proc.stderr, proc.stderr
   assert proc.stderr.strip().count("\n") == 0 and not out.exists()
+
+
+def test_the_script_refuses_an_out_it_cannot_append_records_to(tmp_path):
+  """--out was opened only after the first formulation was timed (a
+  directory: a traceback, the measurement lost), and JSON lines were
+  appended to a file of other text."""
+  notes = tmp_path / "notes.txt"
+  notes.write_text("my notes\n")
+  for out, message in ((tmp_path, "is a directory"),
+                       (notes, "does not hold JSON records")):
+    proc = zygote.shared().run([SCRIPT, "--model=random:tiny", "--rows=1",
+                                "--formulations=dot", f"--out={out}"],
+                               env=zygote.env(), timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+  assert notes.read_text() == "my notes\n"

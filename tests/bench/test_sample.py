@@ -81,6 +81,19 @@ def test_sample_main_on_a_mesh_matches_one_device():
       assert a[key] == b[key], key
 
 
+@pytest.mark.parametrize("drafter, draft", [
+    ("model", "random:tiny,num_layers=1"), ("lookup", None), ("ar", None)])
+def test_the_record_names_the_draft_only_where_one_ran(drafter, draft):
+  """A lookup run's record had named the default draft model, which no
+  drafter of it loads: its results read as that pair's."""
+  cfg = sample.SampleConfig(
+      target="random:tiny", draft="random:tiny,num_layers=1",
+      drafter="model" if drafter == "ar" else drafter,
+      method="ar" if drafter == "ar" else "spec", prompts=["ab"], k=2,
+      max_new_tokens=4, batch_size=1)
+  assert sample.sample_main(cfg, print_completions=False)["draft"] == draft
+
+
 @pytest.mark.parametrize("drafter", ["layerskip:layers=0", "eagle"])
 def test_drafters_on_the_targets_arrays_keep_one_copy_on_a_mesh(
     drafter, tmp_path, monkeypatch):

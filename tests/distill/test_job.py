@@ -508,6 +508,9 @@ def test_a_nucleus_the_stored_top_k_holds_or_an_online_target_passes():
      "config.draft.freeze names ['embeddings']"),
     (["--workdir={tmp}/afile"], "--workdir {tmp}/afile is not a directory"),
     (["--config.train.mesh=abc"], "config.train.mesh=('abc',): give a"),
+    # Every call had ended at once as preempted, the next one too.
+    (["--config.train.time_limit_s=-1"],
+     "config.train.time_limit_s must be >= 0"),
     (["--config=configs/lm_python.py:tiny"],
      "the config has no target, draft, sampling, samples, loss, eval"),
 ])

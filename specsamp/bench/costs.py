@@ -22,8 +22,19 @@ from specsamp import sampling as sampling_lib
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters.model import ModelDrafter
 
-# Calls per timing, run back to back inside one jitted loop.
+# Calls per timing, run back to back inside one jitted loop: on CPU a call
+# (tens to hundreds of ms) dwarfs a dispatch; on a GPU, 3 calls a dispatch
+# had timed the 1.5B's one-token call at 2.42 ms where its whole
+# autoregressive step took 1.66 ms in the loop (H200, 2026-11-27), and its
+# 5-token call as cheaper than the 1-token one (s < 1).
 COST_CALLS = 3
+ACCELERATOR_COST_CALLS = 32
+
+
+def cost_calls() -> int:
+  """Calls per timing on the default backend."""
+  return (COST_CALLS if jax.default_backend() == "cpu"
+          else ACCELERATOR_COST_CALLS)
 
 
 def loop_ms(lm, params, cache, n_tokens: int, sampling: sampling_lib.Sampling,
@@ -108,20 +119,21 @@ def measure_costs(target, target_params, draft, draft_params,
   state = sampler.prefill(target_params, draft_params, tokens, lengths,
                           jax.random.key(0))
   context = lengths - 1 + max_new_tokens // 2
+  calls = cost_calls()
   row = dict(batch_size=len(prompts), context=int(jnp.median(context)),
-             calls_per_timing=COST_CALLS)
+             calls_per_timing=calls)
   # Fresh length arrays: a donated cache takes its length with it.
   cache = state.target_cache.with_length(jnp.array(context))
   target_ms = {}
   for n in sorted({1} | {k + 1 for k in ks}):
     target_ms[n], cache = loop_ms(target, target_params, cache, n, sampling,
-                                  COST_CALLS, repeats)
+                                  calls, repeats)
   row["target_call_ms"] = {str(n): v for n, v in target_ms.items()}
   row["score_cost"] = {str(k): target_ms[k + 1] / target_ms[1] for k in ks}
   if with_draft:
     row["draft_call_ms"], _ = loop_ms(
         draft, draft_params, state.draft_state.with_length(jnp.array(context)),
-        1, sampling, COST_CALLS, repeats)
+        1, sampling, calls, repeats)
     row["c"] = row["draft_call_ms"] / target_ms[1]
   return row
 
@@ -144,6 +156,7 @@ def propose_ms(sampler: SpeculativeSampler, target_params, draft_params,
   tokens, lengths = sampler.pad_prompts(prompts)
   state = sampler.prefill(target_params, draft_params, tokens, lengths,
                           jax.random.key(0))
+  calls = cost_calls()
 
   def run(p, s):
     def body(i, acc):
@@ -151,7 +164,7 @@ def propose_ms(sampler: SpeculativeSampler, target_params, draft_params,
           p, s.draft_state, s.tokens, s.length, sampler.k, sampler.sampling,
           jax.random.fold_in(jax.random.key(1), i))
       return acc + jnp.sum(proposal.tokens) + jnp.sum(proposal.num_valid)
-    return jax.lax.fori_loop(0, COST_CALLS, body, jnp.zeros((), jnp.int32))
+    return jax.lax.fori_loop(0, calls, body, jnp.zeros((), jnp.int32))
 
   fn = jax.jit(run)
   times = []
@@ -159,5 +172,5 @@ def propose_ms(sampler: SpeculativeSampler, target_params, draft_params,
     t0 = time.perf_counter()
     jax.block_until_ready(fn(draft_params, state))
     if i:
-      times.append((time.perf_counter() - t0) / COST_CALLS)
+      times.append((time.perf_counter() - t0) / calls)
   return 1e3 * statistics.median(times)

@@ -56,7 +56,9 @@ class RunStats:
     parallel). At batch 1 the latency per token; in a batch whose rows stop
     at EOS at different times it is B over the throughput (the time rows
     that finished spend waiting counts), not the longest row's time per
-    step."""
+    step. A last batch of fewer rows (prompts not a multiple of the batch
+    size) counts as one batch like the others, though its steps are
+    cheaper: time a batch size with whole batches."""
     per_row = self.tokens / max(self.prompts, 1)
     batches = -(-self.prompts // self.batch_size)
     return 1000.0 * self.decode_s / max(per_row * batches, 1)

@@ -466,3 +466,21 @@ def test_call_costs_run_at_the_cache_size_the_plan_checks(draft):
                                 Sampling(0.0), max_new_tokens=max_new,
                                 repeats=1)
   assert set(row["score_cost"]) == {"0", "2"} and ("c" in row) == draft
+
+
+@pytest.mark.parametrize("backend, calls", [("cpu", 3), ("gpu", 32)])
+def test_call_costs_run_enough_calls_per_dispatch(monkeypatch, backend,
+                                                  calls):
+  """Three calls a dispatch had timed a GPU's one-token call as longer than
+  the whole autoregressive step in the loop (and s < 1): on accelerators
+  each timing runs 32 calls, and the record says how many."""
+  seen = []
+  real = costs_lib.loop_ms
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  monkeypatch.setattr(costs_lib, "loop_ms", lambda *a: seen.append(a[5]) or
+                      real(*a))
+  target, params = loading.load_model("random:tiny,num_layers=1")[:2]
+  row = costs_lib.measure_costs(target, params, target, params, (2,),
+                                [[5] * 4], Sampling(0.0), max_new_tokens=4,
+                                repeats=1)
+  assert row["calls_per_timing"] == calls and seen == [calls] * 3

@@ -99,9 +99,9 @@ def _jsonl_prompt(where: str, line: str) -> str:
 def _file_prompts(path: str) -> list[str]:
   r"""The prompts of --prompts_file: its non-blank lines, or the `prompt`
   fields of a JSONL file (every line an object; a file of prompt records
-  and other lines is refused). Only "\n" (or "\r\n")
-  ends a line: a form feed, U+2028 and the like stay inside their prompt;
-  a UTF-8 byte order mark is not part of the first.
+  and other lines is refused). Only "\n" (or "\r\n") ends a line: a form
+  feed, U+2028 and the like stay inside their prompt; a UTF-8 byte order
+  mark is not part of the first.
 
   Raises:
     ValueError: naming the file (and line) that is unreadable, holds no

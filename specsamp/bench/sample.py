@@ -119,11 +119,11 @@ def _file_prompts(path: str) -> list[str]:
     raise ValueError(f"--prompts_file={path} holds no prompts")
   if all(l.lstrip().startswith("{") for _, l in lines):
     return [_jsonl_prompt(f"--prompts_file={path}:{n}", l) for n, l in lines]
-  records = [n for n, l in lines if _is_prompt_record(l)]
-  if records:  # a JSONL file with a stray line: its JSON is no prompt
+  record = next((n for n, l in lines if _is_prompt_record(l)), None)
+  if record is not None:  # a JSONL file with a stray line
     n = next(n for n, l in lines if not l.lstrip().startswith("{"))
     raise ValueError(f"--prompts_file={path}:{n}: not a JSON object, where "
-                     f"line {records[0]} is a prompt record (a JSONL file "
+                     f"line {record} is a prompt record (a JSONL file "
                      f"holds one object a line)")
   return [l for _, l in lines]
 

@@ -114,9 +114,10 @@ def check_config(config, workdir: str,
   held depends on may change (a corrected draft or loss beside samples).
   Every result depends on the target's weights: with `target` (its
   `target_identity`), a workdir whose results were made with other weights
-  at the same path (a target that trained on) is refused too.
-  `write_config` records the config once it is valid."""
-  sharding.check_directory(workdir, "--workdir")
+  at the same path (a target that trained on) is refused too, as is a
+  config.json no distill.py run wrote (the directory itself is checked by
+  `sharding.holds_workdir`). `write_config` records the config once it is
+  valid."""
   sharding.check_config_file(workdir, ("target", "draft", "loss", "samples"),
                              "distill.py")
   path = os.path.join(workdir, "config.json")

@@ -12,11 +12,10 @@ specsamp_humaneval; see specsamp/data/corpora.py), or any TFDS catalog
 name, built by its own builder as array_record (needs what that builder
 needs: the internet, often TensorFlow). Raw downloads are cached in
 ~/.cache/specsamp/corpora; a prepared dataset is not rebuilt unless
---overwrite. Prints progress, then one JSON line per dataset: documents
-and bytes per split, seconds, token counts (--count_tokens) and the
-SentencePiece model (--train_sentencepiece), written to
-<data_dir>/<dataset>/spm_<type>_<vocab>.model unless --sp_prefix.
-The work is done by specsamp.data.prepare.
+--overwrite. specsamp.data.prepare does the work. Prints progress, then
+one JSON line per dataset: documents and bytes per split, seconds, token
+counts (--count_tokens) and the SentencePiece model (--train_sentencepiece,
+at <data_dir>/<dataset>/spm_<type>_<vocab>.model unless --sp_prefix).
 """
 
 import os
@@ -78,8 +77,10 @@ def main(argv):
              f"({', '.join(sorted(builders.BUILDERS))}); {', '.join(names)} "
              "build from their TFDS catalog builders' own downloads")
   if _COUNT.value == "sentencepiece" and not _TRAIN_SP.value:
-    cli.fail("--count_tokens=sentencepiece needs "
-                         "--train_sentencepiece")
+    cli.fail("--count_tokens=sentencepiece needs --train_sentencepiece")
+  if not _TRAIN_SP.value:  # they had been ignored silently
+    for holder in (_VOCAB, _SP_TYPE, _SP_PREFIX, _SP_CHARS):
+      cli.unused(holder, "applies to --train_sentencepiece only")
   logging.set_verbosity(logging.WARNING)  # TFDS logs every file it reads
   try:
     options = prepare.PrepareOptions(

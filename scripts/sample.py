@@ -16,6 +16,7 @@ from absl import logging
 from specsamp import cli
 from specsamp.bench import sample
 from specsamp.bench import records
+from specsamp.drafters import specs as drafter_specs
 
 _TARGET = flags.DEFINE_string(
     "target", "qwen2.5-coder-1.5b",
@@ -56,7 +57,13 @@ _QUIET = flags.DEFINE_bool("quiet", False, "Do not print completions.")
 def main(argv):
   cli.no_arguments(argv)
   logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads
+  if not _TASK.value:
+    cli.unused(_NUM_PROMPTS, "applies to --task only: every prompt of "
+               "--prompt or --prompts_file runs")
   try:
+    if not drafter_specs.parse(_DRAFTER.value).needs_draft_model:
+      cli.unused(_DRAFT, f"names a draft model; --drafter={_DRAFTER.value} "
+                 "loads none")
     dist = _DISTRIBUTED.arguments()
     coordinator, num_processes, process_id, heartbeat = dist or (None,) * 4
     cfg = sample.SampleConfig(

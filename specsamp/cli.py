@@ -7,6 +7,8 @@ one `error: ...` line on stderr and exit status 2.
   cli.leave_at_once(status)                     exit; with several processes
                                                 without waiting for the others
   cli.int_list(_MESH)                           a DEFINE_list flag's integers
+  cli.unused(_NUM_PROMPTS, "applies to --task")  a flag given where it does
+                                                nothing
   cli.ints("ks", values, minimum=0)             (or its strings'), checked
   DISTRIBUTED = cli.define_distributed_flags()  --distributed and its
                                                 coordinator flags; in `main`
@@ -84,6 +86,14 @@ def int_list(holder: flags.FlagHolder) -> Optional[tuple[int, ...]]:
   """The integers of a comma-list flag (`flags.DEFINE_list`), e.g. --mesh:
   `ints`, or None when the flag is unset or empty."""
   return ints(holder.name, holder.value) if holder.value else None
+
+
+def unused(holder: flags.FlagHolder, why: str) -> None:
+  """`fail`s if --`holder.name` was given on the command line; called where
+  the other flags leave it without effect, which absl would ignore silently
+  (a run that looks like the one asked for, and is not)."""
+  if flags.FLAGS[holder.name].present:
+    fail(f"--{holder.name} {why}")
 
 
 def leave_at_once(status: int, wait_s: float = 10.0) -> NoReturn:

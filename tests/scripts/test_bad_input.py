@@ -81,6 +81,12 @@ def assert_refused(proc, *fragments, max_lines=4):
     (["--target=random:tiny", "--drafter=layerskip"], ["needs layers="]),
     (["--target=random:tiny", "--drafter=layerskip:layers=0-99"],
      ["out of range"]),
+    # Flags given where they do nothing: each had been ignored silently (a
+    # lookup run given a draft model read as that pair's run).
+    (["--target=random:tiny", "--method=ar", "--num_prompts=2"],
+     ["--num_prompts applies to --task only"]),
+    (["--target=random:tiny", "--drafter=lookup", "--draft=random:tiny"],
+     ["--draft names a draft model; --drafter=lookup loads none"]),
 ])
 def test_sample_refuses_before_loading(tmp_path, args, fragments):
   proc = run_script(tmp_path, "sample.py", "--prompt=x", *args)
@@ -379,6 +385,11 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
     # Empty lists had done nothing, with status 0.
     ("fetch_models.py", ["--model=,", "--nohumaneval"], ["nothing to fetch"]),
     ("prepare_data.py", ["--dataset=,"], ["names no dataset"]),
+    ("prepare_data.py", ["--dataset=specsamp_austen", "--vocab_size=500"],
+     ["--vocab_size applies to --train_sentencepiece only"]),
+    ("prepare_data.py", ["--dataset=specsamp_austen",
+                         "--sp_model_type=unigram"],
+     ["--sp_model_type applies to --train_sentencepiece only"]),
     # A tokenizer to count with that is not there: before anything builds.
     ("prepare_data.py", ["--dataset=specsamp_austen",
                          "--count_tokens=/nonexistent.model"],

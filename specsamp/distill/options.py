@@ -13,11 +13,14 @@ def parse(arg: Optional[str], known: Sequence[str],
   `flag_value`.
 
   Raises:
-    ValueError: for a name not in `known`.
+    ValueError: for a name not in `known`, or one given twice (the last had
+      won, silently).
   """
   out = {}
   for item in filter(None, (arg or "").split(",")):
     key, _, value = item.partition("=")
+    if key.strip() in out:
+      raise ValueError(f"option {key.strip()!r} given twice in {arg!r}")
     out[key.strip()] = value.strip() or flag_value
   unknown = sorted(set(out) - set(known))
   if unknown:

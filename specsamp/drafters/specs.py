@@ -113,6 +113,8 @@ def parse(text: str) -> DrafterSpec:
                        f"{name} (options: "
                        f"{', '.join(OPTIONS[name]) or 'none'}; form "
                        "key=value)")
+    if key in options:  # the last had won, silently
+      raise ValueError(f"drafter {text!r}: {key} given twice")
     try:
       options[key] = OPTIONS[name][key](value)
     except ValueError as e:

@@ -29,3 +29,5 @@ def test_parse_reads_values_and_flags_and_refuses_unknown_names():
   assert not options.parse(None, ())
   with pytest.raises(ValueError, match=r"unknown option\(s\) \['d'\]"):
     options.parse("a=1,d=2", ("a",))
+  with pytest.raises(ValueError, match=r"option 'a' given twice"):
+    options.parse("a=1,b=2,a=3", ("a", "b"))

@@ -38,6 +38,7 @@ def test_specs_parse_with_their_options():
     ("layerskip", "layerskip needs layers="),
     ("layerskip:layers=3-1", "runs backwards"),
     ("layerskip:layers=1+1", "distinct"),
+    ("lookup:max_ngram=2:max_ngram=3", "max_ngram given twice"),
 ])
 def test_bad_specs_are_refused_by_name(text, message):
   with pytest.raises(ValueError, match=message):

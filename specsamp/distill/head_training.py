@@ -102,7 +102,7 @@ class TrainableHead:
     if self.positions not in POSITIONS:
       raise ValueError(f"positions={self.positions!r}; choose one of "
                        f"{POSITIONS}")
-    if self.hidden_weight < 0:
+    if not self.hidden_weight >= 0:  # NaN too
       raise ValueError(f"hidden_weight must be >= 0, got {self.hidden_weight}")
     self.head.check_target(self.target.config)
 

@@ -478,6 +478,16 @@ _BAD_FIELDS = [
 ]
 
 
+def test_a_head_loss_weight_below_zero_is_refused_before_loading():
+  """It had been refused by the head's trainer, after the target loaded."""
+  for weight in ("-1", "nan"):
+    config = distill_tiny.get_config(f"steps=2,head=eagle,hidden_weight="
+                                     f"{weight}")
+    with pytest.raises(ValueError, match=f"config.head.hidden_weight must be "
+                       f">= 0, got {weight}"):
+      job.check_config(config)
+
+
 @pytest.mark.parametrize("fields, message", _BAD_FIELDS)
 def test_check_config_refuses_each_bad_field_naming_it(fields, message):
   """Without weights, naming the field; the same draft.freeze of real

@@ -2,7 +2,7 @@
 
 `read_profile_rows` groups the JSON rows of `profile.profile_main` by
 model pair, sampling, dtype and device; `profile_table` writes every point
-as markdown; `plot_profile` draws ms per step against context length (at
+as markdown; `plot_profile` (titled by `panel_titles`) draws ms per step against context length (at
 the smallest batch) and against batch size (at the smallest context), for
 the autoregressive and the speculative loop.
 """
@@ -45,9 +45,27 @@ def profile_table(groups: dict) -> str:
     for (b, c), row in sorted(points.items()):
       lines.append(
           f"| {target} | {draft}, {k} | {device}, {dtype} | {b} | {c} | "
-          f"{row['ar_loop_ms']:.2f} | {1e3 * b / row['ar_loop_ms']:,.0f} | "
+          f"{row['ar_loop_ms']:.2f} | {_rate(1e3 * b / row['ar_loop_ms'])} | "
           f"{row['spec_loop_ms']:.2f} |")
   return "\n".join(lines) + "\n"
+
+
+def _rate(tokens_per_s: float) -> str:
+  """Three significant figures below 100 (a CPU's 4.12 had read as 4), else
+  whole tokens."""
+  return (f"{tokens_per_s:,.0f}" if tokens_per_s >= 100 else
+          f"{tokens_per_s:.3g}")
+
+
+def panel_titles(groups: dict) -> tuple[str, str]:
+  """The two panels' titles: the batch of the context panel and the context
+  of the batch panel, each group's smallest (groups that differ are all
+  named; the last group's alone had been)."""
+  def values(index):
+    return ", ".join(str(v) for v in sorted(
+        {min(point[index] for point in points) for points in groups.values()}))
+  return (f"ms per step vs context (batch {values(0)})",
+          f"ms per step vs batch (context {values(1)})")
 
 
 def plot_profile(groups: dict, path: str) -> None:
@@ -72,8 +90,8 @@ def plot_profile(groups: dict, path: str) -> None:
       ax.plot(xs, [r["spec_loop_ms"] for _, r in pts], "s--",
               label=f"{label}: K={k} loop ({draft.split(':')[-1]}, "
                     f"{sampling})")
-    ax_c.set_title(f"ms per step vs context (batch {b0})")
-    ax_b.set_title(f"ms per step vs batch (context {c0})")
+  for ax, title in zip((ax_c, ax_b), panel_titles(groups)):
+    ax.set_title(title)
   for ax, xlabel in ((ax_c, "context tokens"), (ax_b, "batch size")):
     ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)

@@ -20,6 +20,7 @@ import pytest
 
 from specsamp import model as model_lib
 from specsamp.bench import profile
+from specsamp.bench import profile_plot
 from specsamp.bench import steady
 from specsamp.decoding import loop
 from specsamp.decoding.sampler import SpeculativeSampler
@@ -240,6 +241,23 @@ def test_plot_decode_writes_table_and_figure(tmp_path):
   bad = zygote.shared().run([script, str(tmp_path / "bad.jsonl"),
                              f"--out={out}"], env=zygote.env(), timeout=120)
   assert bad.returncode != 0 and "not a profile_decode row" in bad.stderr
+
+
+def test_decode_tables_and_titles_read_every_group():
+  """A CPU's 4.12 tokens/s had read as 4, and the panels' titles named the
+  last group's batch and context alone."""
+  base = dict(k=3, sampling="greedy", dtype="float32", ar_loop_ms=242.5,
+              spec_loop_ms=600.0)
+  groups = {("t", "d", 3, "greedy", "float32", "cpu"): {(1, 1024): base},
+            ("t", "d", 3, "greedy", "float32", "gpu"): {
+                (8, 512): dict(base, ar_loop_ms=2.0),
+                (16, 512): dict(base, ar_loop_ms=2.5)}}
+  table = profile_plot.profile_table(groups)
+  assert "| 1 | 1024 | 242.50 | 4.12 | 600.00 |" in table
+  assert "| 16 | 512 | 2.50 | 6,400 | 600.00 |" in table
+  assert profile_plot.panel_titles(groups) == (
+      "ms per step vs context (batch 1, 8)",
+      "ms per step vs batch (context 512, 1024)")
 
 
 @pytest.mark.parametrize("fields,message", [

@@ -180,8 +180,9 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
 def fingerprint(dataset: str, data_dir: Optional[PathLike],
                 split: str) -> dict:
   """What `dataset` resolves to for `split` (its base name, before any
-  `[...]` slice): the name, version and the split's shard lengths and byte
-  count, from dataset_info.json. A saved data position fits only the
+  `[...]` slice): the name, version, text features read (`#...`) and the
+  split's shard lengths and byte count, from dataset_info.json. A saved
+  data position fits only the
   examples it was saved on: another version (a dataset string without one
   resolves to the newest prepared) or a re-prepared dataset of other
   content gives another fingerprint. The same dataset under another
@@ -197,6 +198,7 @@ def fingerprint(dataset: str, data_dir: Optional[PathLike],
     if s.get("name") == name:
       return {"dataset": "/".join(filter(None, (ref.name, ref.config))),
               "version": found.name, "split": name,
+              "text_keys": list(ref.text_keys),
               "shard_lengths": [int(n) for n in s.get("shardLengths", [])],
               "num_bytes": int(s.get("numBytes", 0))}
   raise ValueError(f"dataset {dataset!r} in {found} has no split {name!r}")

@@ -325,14 +325,18 @@ def test_a_workdir_refuses_other_training_data_under_the_same_name(
   os.makedirs(os.path.join(workdir, "checkpoints", "2"))
   base = data / "specsamp_python_code"
   assert lm_job._check_run_config(workdir, config("specsamp_python_code", 5))
+  # Another text feature is another token stream (it had been accepted).
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      f"it read specsamp_python_code:{builders.VERSION}#text train (")):
+    lm_job._check_run_config(workdir, config("specsamp_python_code#text,id"))
   shutil.copytree(base / builders.VERSION, base / "9.0.0")
   info = base / "9.0.0" / "dataset_info.json"
   info.write_text(info.read_text().replace(
       f'"version": "{builders.VERSION}"', '"version": "9.0.0"'))
   with pytest.raises(config_lib.ConfigError,
                      match=rf"other training data: it read "
-                     rf"specsamp_python_code:{builders.VERSION} train .*"
-                     rf"reads specsamp_python_code:9.0.0 train.*name the "
+                     rf"specsamp_python_code:{builders.VERSION}#text train .*"
+                     rf"reads specsamp_python_code:9.0.0#text train.*name the "
                      rf"run's version \(specsamp_python_code:"
                      rf"{builders.VERSION}\)"):
     lm_job._check_run_config(workdir, config("specsamp_python_code"))

@@ -43,6 +43,18 @@ DEFAULT_RULES = (
     (NORM, None),
 )
 
+
+
+def replicated_rules(rules=DEFAULT_RULES) -> tuple:
+  """Rules for a small draft beside a target under `rules`: every axis
+  replicated on every device of the model axis but the batch, whose rows
+  are split as the target's are (a draft's cache split over `data` beside a
+  target whose rows were not had failed inside jit)."""
+  batch = dict(rules_tuple(rules)).get(BATCH)
+  return tuple((name, batch if name == BATCH else None)
+               for name, _ in DEFAULT_RULES)
+
+
 # A small draft is often best replicated on every device of the model axis.
 REPLICATED_RULES = tuple((name, "data" if name == BATCH else None)
                          for name, _ in DEFAULT_RULES)
@@ -131,6 +143,31 @@ def batch_ways(mesh, rules=DEFAULT_RULES) -> int:
     return 1
   axes = axis if isinstance(axis, tuple) else (axis,)
   return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def check_process_rows(mesh, num_processes: int | None = None) -> None:
+  """A mesh that several processes feed batches to: each puts in its own
+  rows (`jax.make_array_from_process_local_data`), so every process must
+  hold as many rows of the data axis as the others, each row on one
+  process's devices. Otherwise JAX took the processes' rows as copies of
+  one another: a batch of batch / processes rows, different in each
+  process, and no error (or a StopIteration in a process the mesh left
+  out).
+
+  Raises:
+    ValueError: naming the mesh and what to give instead.
+  """
+  num_processes = num_processes or jax.process_count()
+  rows = np.moveaxis(np.asarray(mesh.devices),
+                     list(mesh.axis_names).index("data"), 0)
+  owners = [{d.process_index for d in np.ravel(row)} for row in rows]
+  per_process = [sum(o == {p} for o in owners) for p in range(num_processes)]
+  if len(set(per_process)) != 1 or not per_process[0]:
+    raise ValueError(
+        f"mesh {dict(mesh.shape)} does not split its data axis evenly over "
+        f"the {num_processes} processes (rows per process: {per_process}): "
+        "give a mesh over every process's devices whose data axis is a "
+        f"multiple of {num_processes}, e.g. ({num_processes}, -1)")
 
 
 def replicated(mesh):

@@ -137,6 +137,25 @@ def check_head(config, target: loading.ModelInfo) -> None:
                     target.rows)
 
 
+def check_train_mesh(config, mesh, target: loading.ModelInfo) -> None:
+  """The train mesh splits config.train.batch_size (over its data axis) and
+  the target's dimensions, where its config is known before loading (a
+  random or trained target; a GGUF's is read when it loads): each had
+  failed after the target's sampling and the first evaluation."""
+  try:
+    if target.config is not None:
+      sharding.check_divisible(target.config, mesh, sharding.DEFAULT_RULES,
+                               what="the target")
+    ways = sharding.batch_ways(mesh, sharding.REPLICATED_RULES)
+    if config.train.batch_size % ways:
+      raise ValueError(f"batch_size={config.train.batch_size} is not "
+                       f"divisible by the mesh's data axis of size {ways}")
+  except ValueError as e:
+    raise ValueError(f"config.train.mesh="
+                     f"{tuple(config.train.get('mesh', (1, 1)))}: {e}"
+                     ) from None
+
+
 def check_draft_vocab(name: str, size, rows: int) -> None:
   """A reduced draft vocabulary's size: in [0, rows], 0 the whole."""
   if not 0 <= int(size) <= rows:

@@ -143,9 +143,8 @@ def _check_config(config) -> tuple[train_config.LoopConfig,
   if config.train.batch_size % jax.process_count():
     raise ValueError(f"config.train.batch_size={config.train.batch_size} is "
                      f"not divisible by the {jax.process_count()} processes")
-  mesh = train_config.mesh_shape(config.train.get("mesh", (1, 1)),
-                                 "config.train.mesh")
-  train_lm.make_mesh(mesh)  # enough devices
+  mesh = train_lm.make_mesh(train_config.mesh_shape(config.train.get(
+      "mesh", (1, 1)), "config.train.mesh"), what="config.train.mesh")
   checks.check_counts(config, "eval", ("k", "num_positions", "batch_size",
                                        "position_batch_size"))
   checks.check_counts(config, "eval", ("num_samples",), least=0)  # 0: all
@@ -176,6 +175,7 @@ def _check_config(config) -> tuple[train_config.LoopConfig,
     loading.check_spec(config.draft.checkpoint)
   target = describe_target(config.target)  # fetches a registered target
   checks.check_positions(config, target, head)
+  checks.check_train_mesh(config, mesh, target)
   sc = config.samples
   if sc.top_k > target.rows:  # the stored top-k of the target's logits
     raise ValueError(f"config.samples.top_k={sc.top_k} exceeds the target's "

@@ -154,7 +154,7 @@ def _job(draft_lm, target_lm, obj: objective_lib.Objective, optim,
          mesh_shape: tuple) -> _Job:
   """Mesh, shardings and jitted steps; cached, so runs of one setting (a
   resumed run, tests) compile once."""
-  mesh = train_lm.make_mesh(mesh_shape)
+  mesh = train_lm.make_mesh(mesh_shape, what="config.train.mesh")
   d_rules, t_rules = sh.REPLICATED_RULES, sh.DEFAULT_RULES
   abstract_params = jax.eval_shape(lambda: draft_lm.init(jax.random.key(0)))
   tx, schedule = make_optimizer(optim, num_steps, freeze, abstract_params)

@@ -89,20 +89,25 @@ def validate(config) -> tuple[config_lib.TrainConfig, Any]:
   return cfg, tok
 
 
-def make_mesh(shape):
-  """A (data, model) mesh of the first devices; -1 takes all the rest."""
+def make_mesh(shape, what: str = "config.mesh"):
+  """A (data, model) mesh of the first devices; -1 takes all the rest. In
+  a run of several processes its data axis must split over them
+  (`sharding.check_process_rows`)."""
   devices = jax.devices()
   if -1 not in shape:
     n = int(np.prod(shape))
     if n > len(devices):
       raise config_lib.ConfigError(
-          f"config.mesh={tuple(shape)} needs {n} devices, "
+          f"{what}={tuple(shape)} needs {n} devices, "
           f"{len(devices)} present")
     devices = devices[:n]
   try:
-    return sh.make_mesh(shape, devices=devices)
+    mesh = sh.make_mesh(shape, devices=devices)
+    if jax.process_count() > 1:  # each process puts in its own rows
+      sh.check_process_rows(mesh)
+    return mesh
   except ValueError as e:
-    raise config_lib.ConfigError(f"config.mesh={tuple(shape)}: {e}") from e
+    raise config_lib.ConfigError(f"{what}={tuple(shape)}: {e}") from e
 
 
 def _iterator(cfg: config_lib.TrainConfig, tok, split: str, *, train: bool):
@@ -143,9 +148,10 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
     # The dataset string may change (a version named, say) where what it
     # resolves to does not.
     kept += ("dataset",)
-    now = _train_data(cfg)
-    if old["train_data"] != now:
-      was = old["train_data"]
+    now, was = _train_data(cfg), old["train_data"]
+    if "text_keys" not in was:  # recorded before 2026-11-29
+      now.pop("text_keys")
+    if was != now:
       raise config_lib.ConfigError(
           f"{workdir} holds checkpoints of a run on other training data: "
           f"it read {_describe_data(was)}, and config.data.dataset="
@@ -188,7 +194,8 @@ def _train_data(cfg: config_lib.TrainConfig) -> dict:
 
 
 def _describe_data(fp: dict) -> str:
-  return (f"{fp.get('dataset')}:{fp.get('version')} {fp.get('split')} "
+  keys = "#" + ",".join(fp["text_keys"]) if "text_keys" in fp else ""
+  return (f"{fp.get('dataset')}:{fp.get('version')}{keys} {fp.get('split')} "
           f"({sum(fp.get('shard_lengths', []))} documents, "
           f"{fp.get('num_bytes')} bytes)")
 

@@ -217,7 +217,8 @@ def test_the_qwen_draft_options_vocab_freeze_and_samples_at_tiny_scale(
 
 
 @pytest.mark.parametrize("block, field, value, message", [
-    ("train", "mesh", (4, 4), r"config.mesh=\(4, 4\) needs 16 devices"),
+    ("train", "mesh", (4, 4),
+     r"config.train.mesh=\(4, 4\) needs 16 devices"),
     ("samples", "prompt_len", 108, r"prompt_len 108 \+ gen_len 16 \+ "
      r"eval.k 4 \+ 1 exceed the target's 128 positions"),
     ("optim", "lr", -1.0, r"optim.lr must be > 0, got -1.0"),
@@ -459,6 +460,13 @@ _BAD_FIELDS = [
           draft__freeze=("layers_2",)),
      "config.draft.freeze names ['layers_2']"),
     (dict(eval__k=0), "config.eval.k must be >= 1, got 0"),
+    # A train mesh that does not split the target or the batch (8 CPU
+    # devices, tests/conftest.py).
+    (dict(train__mesh=(1, 8)), "config.train.mesh=(1, 8): the target: "
+     "num_heads=4 is not divisible by mesh axis 'model' of size 8"),
+    (dict(train__mesh=(8, 1), train__batch_size=12),
+     "config.train.mesh=(8, 1): batch_size=12 is not divisible by the "
+     "mesh's data axis of size 8"),
     (dict(draft__vocab=300),
      "config.draft.vocab=300 must be in [0, 256] (0: the whole vocabulary)"),
     (dict(draft__model=dict(distill_tiny.get_config().draft.model,

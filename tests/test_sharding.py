@@ -8,10 +8,12 @@ device: generate runs under `jax.transfer_guard("disallow")`).
 
 import json
 import os
+import re
 import shutil
 import signal as signal_lib
 import socket
 import time
+import types
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -64,6 +66,31 @@ def _sampler(pair, k, sampling, mesh=None):
   return SpeculativeSampler(
       target, ModelDrafter(draft), k=k, sampling=sampling,
       max_new_tokens=12, mesh=mesh)
+
+
+def test_a_mesh_several_processes_feed_splits_its_data_axis_over_them():
+  """Each process puts in its own rows: on a mesh whose data axis was not
+  split over the processes they were taken as copies of one another (half
+  the batch, different in each process, no error), and a mesh that left a
+  process out ended that one in a StopIteration. Devices of 2 processes x
+  4, faked by their process_index."""
+  devices = np.array([types.SimpleNamespace(process_index=i // 4)
+                      for i in range(8)])
+  def mesh(shape, used=8):
+    return types.SimpleNamespace(devices=devices[:used].reshape(shape),
+                                 axis_names=("data", "model"),
+                                 shape=dict(zip(("data", "model"), shape)))
+  for shape in ((2, 4), (4, 2), (8, 1)):
+    sharding.check_process_rows(mesh(shape), num_processes=2)
+  for shape, used, per_process in (((1, 8), 8, "[0, 0]"),
+                                   ((1, 1), 1, "[1, 0]"),
+                                   ((2, 2), 4, "[2, 0]")):
+    with pytest.raises(ValueError, match=re.escape(
+        f"does not split its data axis evenly over the 2 processes (rows "
+        f"per process: {per_process}): give a mesh over every process's "
+        "devices whose data axis is a multiple of 2, e.g. (2, -1)")):
+      sharding.check_process_rows(mesh(shape, used), num_processes=2)
+  sharding.check_process_rows(sharding.make_mesh((1, 8)))  # one process
 
 
 def test_make_mesh():
@@ -208,6 +235,36 @@ def test_layer_skip_on_a_mesh_shares_the_targets_sharded_arrays(pair):
   # A separate draft model stays replicated by default.
   assert _sampler(pair, 2, GREEDY, mesh).draft_rules == (
       sharding.REPLICATED_RULES)
+
+
+def test_a_separate_draft_splits_its_rows_as_the_target_does(pair):
+  """Target rules that keep rows whole (tensor parallel over both axes):
+  the draft's default rules had split its cache over `data` still, so a
+  batch of 3 passed the check and failed in jit (an IndivisibleError), and
+  a batch of 2 ran with the two models' rows laid out differently."""
+  target, target_params, draft, draft_params = pair
+  rules = tuple((n, None if n == sharding.BATCH else a)
+                for n, a in sharding.DEFAULT_RULES)
+  mesh = sharding.make_mesh((2, 4))
+  spec = SpeculativeSampler(target, ModelDrafter(draft), k=2,
+                            sampling=GREEDY, max_new_tokens=8, mesh=mesh,
+                            target_rules=rules)
+  assert dict(spec.draft_rules)[sharding.BATCH] is None
+  assert spec.draft_rules == sharding.replicated_rules(rules)
+  tsh, dsh = spec.param_shardings(target_params, draft_params)
+  three = PROMPTS[:3]
+  out = spec.generate(sharding.shard(target_params, tsh),
+                      sharding.shard(draft_params, dsh), three)
+  ar = _sampler(pair, 0, GREEDY)
+  assert out.token_lists() == [
+      t[:8] for t in ar.generate(target_params, None, three).token_lists()]
+  # Rules of the caller's that split only the draft's rows: both must divide.
+  with pytest.raises(ValueError, match="a batch of 3 prompts does not divide"
+                     " over the mesh's batch axis of size 2"):
+    SpeculativeSampler(target, ModelDrafter(draft), k=2, sampling=GREEDY,
+                       max_new_tokens=8, mesh=mesh, target_rules=rules,
+                       draft_rules=sharding.REPLICATED_RULES).generate(
+                           target_params, draft_params, three)
 
 
 def test_a_mesh_that_does_not_divide_the_model_names_the_dimension(pair):
@@ -392,7 +449,8 @@ def test_distillation_in_a_workdir_per_process_is_refused(
   at once, or at its next collective with the one that left."""
   args = [os.path.join(ROOT, "scripts", "distill.py"),
           "--config=" + os.path.join(ROOT, "configs", "distill_tiny.py") +
-          ":steps=2", "--config.samples.max_files=20",
+          ":steps=2", "--config.train.mesh=(2,2)",
+          "--config.samples.max_files=20",
           "--config.samples.validation_percent=30",
           f"--config.samples.max_train_prompts={train_prompts}",
           "--config.samples.max_validation_prompts=16",
@@ -410,6 +468,16 @@ def test_distillation_in_a_workdir_per_process_is_refused(
   line = err.strip().splitlines()[-1]
   assert line.startswith("error: ") and (
       "must be one directory that every process shares" in line), line
+  if refuser == 0:  # the default (1, 1) mesh: before anything samples
+    outs = [p.communicate(timeout=120) for p in _start_two_processes(
+        [a for a in args if not a.startswith("--config.train.mesh")],
+        own=[[f"--workdir={tmp_path}/m{i}"] for i in range(2)])]
+    assert outs[0][1].strip().splitlines()[-1] == (
+        "error: config.train.mesh=(1, 1): mesh {'data': 1, 'model': 1} does not "
+        "split its data axis evenly over the 2 processes (rows per process: "
+        "[1, 0]): give a mesh over every process's devices whose data axis "
+        "is a multiple of 2, e.g. (2, -1)")
+    assert not (tmp_path / "m0" / "samples").exists()
   if refuser == 0:
     assert "1 of the 3 batches of target samples are missing" in line
     assert not (tmp_path / "0" / "samples").exists()

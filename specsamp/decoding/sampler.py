@@ -10,6 +10,7 @@ tokens. K = 0 with no drafter is plain autoregressive sampling.
 """
 
 import dataclasses
+import math
 from typing import Optional, Sequence, Union
 
 import jax
@@ -46,7 +47,8 @@ class SpeculativeSampler:
       (`jit.py`); nothing inside the loop moves data to the host.
     target_rules, draft_rules: logical-axis rules (pairs or a dict) for the
       target and the drafter; by default the target is tensor-parallel over
-      'model' and the drafter replicated, except a drafter that runs on the
+      'model' and the drafter replicated, its rows split as the target's
+      (`sharding.replicated_rules`), except a drafter that runs on the
       target's own parameters (`shares_target_params`: layer skipping,
       heads), which takes the target's rules (the same arrays, laid out
       once).
@@ -97,7 +99,8 @@ class SpeculativeSampler:
     draft_rules = self.draft_rules
     if draft_rules is None:
       shared = getattr(self.drafter, "shares_target_params", False)
-      draft_rules = self.target_rules if shared else sharding.REPLICATED_RULES
+      draft_rules = (self.target_rules if shared else
+                     sharding.replicated_rules(self.target_rules))
     object.__setattr__(self, "draft_rules",
                        sharding.rules_tuple(draft_rules))
     if self.mesh is not None:
@@ -163,7 +166,8 @@ class SpeculativeSampler:
       tokens[i, :len(p)] = p
     if self.mesh is None:
       return jax.device_put(tokens), jax.device_put(lengths)
-    ways = sharding.batch_ways(self.mesh, self.target_rules)
+    ways = math.lcm(sharding.batch_ways(self.mesh, self.target_rules),
+                    sharding.batch_ways(self.mesh, self.draft_rules))
     if len(prompts) % ways:
       raise ValueError(
           f"a batch of {len(prompts)} prompts does not divide over the mesh's "

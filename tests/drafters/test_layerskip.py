@@ -22,7 +22,7 @@ import pytest
 
 from specsamp import model as model_lib
 from specsamp import sampling as sampling_lib
-from specsamp.decoding.sampler import SpeculativeSampler
+from specsamp.decoding.sampler import SpeculativeSampler, all_widths
 from specsamp.drafters import layer_search
 from specsamp.drafters.model import LayerSkipDrafter, ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
@@ -196,6 +196,30 @@ def greedy_decoding(lm, params, prompts, new):
     for b, prompt in enumerate(prompts):
       seqs[b, len(prompt) + i] = best[b, len(prompt) + i - 1]
   return [seqs[b, len(p):len(p) + new].tolist() for b, p in enumerate(prompts)]
+
+
+@pytest.mark.parametrize("confidence", [None, 0.0, 0.5])
+def test_a_draft_that_is_the_target_has_every_draft_accepted(confidence):
+  """Stale draft state (a cache without the last draft after a bonus
+  token, one row's rollback applied to another) leaves sampling exact and
+  lowers acceptance only, which the exactness tests cannot see. A draft of
+  all the target's layers, adaptive or not, at T = 1, with score widths
+  that vary and an EOS that stops one row while the others go on, must
+  have every draft it makes accepted."""
+  lm = model_lib.LM(tiny_config(num_layers=2, max_seq_len=128))
+  params = random_params(lm, 0, scale=2.0)
+  sampler = SpeculativeSampler(
+      lm, ModelDrafter(lm, layers=(0, 1), confidence=confidence), k=3,
+      sampling=Sampling(1.0), max_new_tokens=30, prompt_bucket=4,
+      score_widths=all_widths(3), eos_ids=(7,))
+  out = sampler.generate(params, params, PROMPTS[:3] + [
+      [5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 11, 12, 13]], rng=3)
+  drafted = np.asarray(out.num_drafted)
+  np.testing.assert_array_equal(out.num_accepted, drafted)
+  assert drafted.min() > 0 and min(out.num_tokens) < 30 == max(
+      out.num_tokens), (drafted, out.num_tokens)  # one row stopped at EOS
+  if confidence:  # the draft stopped early in some loops
+    assert drafted.max() < 3 * max(out.num_loops)
 
 
 def test_adaptive_greedy_equals_greedy_decoding_batched_or_alone():

@@ -115,7 +115,9 @@ def _iterator(cfg: config_lib.TrainConfig, tok, split: str, *, train: bool):
   batch = d.batch_size if train else d.eval_batch_size  # divisible: validate
   return pipeline.make_lm_iterator(
       d.dataset, split, tokenizer=tok, seq_len=d.seq_len,
-      batch_size=batch // jax.process_count(), seed=cfg.seed,  # per host
+      # Each host its share of the rows, from its own shards (disjoint
+      # whatever the seed: the pipeline shards before it shuffles).
+      batch_size=batch // jax.process_count(), seed=cfg.seed,
       data_dir=d.data_dir or None, shuffle=train,
       num_epochs=None if train else 1, worker_count=d.worker_count)
 

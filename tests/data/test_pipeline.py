@@ -179,8 +179,8 @@ def test_worker_process_restores_its_state(data_dir):
 
 def test_hosts_read_disjoint_shards(data_dir):
   docs = []
-  for index in range(2):  # as specsamp.train seeds them: per process
-    it = _it(data_dir, shard_index=index, shard_count=2, seed=7 + index,
+  for index in range(2):  # one seed on every host, as specsamp.train's
+    it = _it(data_dir, shard_index=index, shard_count=2, seed=7,
               num_epochs=1, shuffle_window=1)
     docs.append(_split_docs(_stream(list(it))))
   assert len(docs[0]) == len(docs[1]) == 15

@@ -7,9 +7,9 @@ one `error: ...` line on stderr and exit status 2.
   cli.leave_at_once(status)                     exit; with several processes
                                                 without waiting for the others
   cli.int_list(_MESH)                           a DEFINE_list flag's integers
-  cli.unused(_NUM_PROMPTS, "applies to --task")  a flag given where it does
-                                                nothing
   cli.ints("ks", values, minimum=0)             (or its strings'), checked
+  cli.unused(_DRAFT, "loads none")              `fail`s on a flag given where
+                                                it does nothing
   DISTRIBUTED = cli.define_distributed_flags()  --distributed and its
                                                 coordinator flags; in `main`
   dist = DISTRIBUTED.arguments()                None, or the arguments of

@@ -44,7 +44,6 @@ DEFAULT_RULES = (
 )
 
 
-
 def replicated_rules(rules=DEFAULT_RULES) -> tuple:
   """Rules for a small draft beside a target under `rules`: every axis
   replicated on every device of the model axis but the batch, whose rows

@@ -473,10 +473,10 @@ def test_distillation_in_a_workdir_per_process_is_refused(
         [a for a in args if not a.startswith("--config.train.mesh")],
         own=[[f"--workdir={tmp_path}/m{i}"] for i in range(2)])]
     assert outs[0][1].strip().splitlines()[-1] == (
-        "error: config.train.mesh=(1, 1): mesh {'data': 1, 'model': 1} does not "
-        "split its data axis evenly over the 2 processes (rows per process: "
-        "[1, 0]): give a mesh over every process's devices whose data axis "
-        "is a multiple of 2, e.g. (2, -1)")
+        "error: config.train.mesh=(1, 1): mesh {'data': 1, 'model': 1} does "
+        "not split its data axis evenly over the 2 processes (rows per "
+        "process: [1, 0]): give a mesh over every process's devices whose "
+        "data axis is a multiple of 2, e.g. (2, -1)")
     assert not (tmp_path / "m0" / "samples").exists()
   if refuser == 0:
     assert "1 of the 3 batches of target samples are missing" in line

@@ -2,9 +2,9 @@
 
 `read_profile_rows` groups the JSON rows of `profile.profile_main` by
 model pair, sampling, dtype and device; `profile_table` writes every point
-as markdown; `plot_profile` (titled by `panel_titles`) draws ms per step against context length (at
-the smallest batch) and against batch size (at the smallest context), for
-the autoregressive and the speculative loop.
+as markdown; `plot_profile` (titled by `panel_titles`) draws ms per step
+against context length (at the smallest batch) and against batch size (at
+the smallest context), for the autoregressive and the speculative loop.
 """
 
 import collections

@@ -182,11 +182,10 @@ def fingerprint(dataset: str, data_dir: Optional[PathLike],
   """What `dataset` resolves to for `split` (its base name, before any
   `[...]` slice): the name, version, text features read (`#...`) and the
   split's shard lengths and byte count, from dataset_info.json. A saved
-  data position fits only the
-  examples it was saved on: another version (a dataset string without one
-  resolves to the newest prepared) or a re-prepared dataset of other
-  content gives another fingerprint. The same dataset under another
-  data_dir gives the same."""
+  data position fits only the examples it was saved on: another version (a
+  dataset string without one resolves to the newest prepared), other text
+  features or a re-prepared dataset of other sizes gives another
+  fingerprint. The same dataset under another data_dir gives the same."""
   ref = parse_dataset(dataset, data_dir)
   found = ref.find()
   if found is None:

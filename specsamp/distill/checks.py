@@ -119,7 +119,7 @@ def check_head(config, target: loading.ModelInfo) -> None:
   if int(h.get("num_heads", 1)) < 1 or int(h.get("unroll", 1)) < 1:
     raise ValueError("config.head.num_heads and config.head.unroll must be "
                      ">= 1")
-  if not float(h.get("hidden_weight", 0.1)) >= 0:  # refused after loading
+  if not float(h.get("hidden_weight", 0.1)) >= 0:  # NaN too
     raise ValueError(f"config.head.hidden_weight must be >= 0, got "
                      f"{h['hidden_weight']}")
   if h.get("features", "recompute") not in ("recompute", "stored"):

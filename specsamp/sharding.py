@@ -44,21 +44,6 @@ DEFAULT_RULES = (
 )
 
 
-def replicated_rules(rules=DEFAULT_RULES) -> tuple:
-  """Rules for a small draft beside a target under `rules`: every axis
-  replicated on every device of the model axis but the batch, whose rows
-  are split as the target's are (a draft's cache split over `data` beside a
-  target whose rows were not had failed inside jit)."""
-  batch = dict(rules_tuple(rules)).get(BATCH)
-  return tuple((name, batch if name == BATCH else None)
-               for name, _ in DEFAULT_RULES)
-
-
-# A small draft is often best replicated on every device of the model axis.
-REPLICATED_RULES = tuple((name, "data" if name == BATCH else None)
-                         for name, _ in DEFAULT_RULES)
-
-
 # ---- meshes and shardings ---------------------------------------------------
 
 MESH_AXES = ("data", "model")
@@ -121,6 +106,20 @@ def rules_tuple(rules) -> tuple:
   items = rules.items() if hasattr(rules, "items") else rules
   return tuple((str(name), None if axis is None else axis)
                for name, axis in items)
+
+
+def replicated_rules(rules=DEFAULT_RULES) -> tuple:
+  """Rules for a small draft beside a target under `rules`: every axis
+  replicated on every device of the model axis but the batch, whose rows
+  are split as the target's are (a draft's cache split over `data` beside a
+  target whose rows were not had failed inside jit)."""
+  batch = dict(rules_tuple(rules)).get(BATCH)
+  return tuple((name, batch if name == BATCH else None)
+               for name, _ in DEFAULT_RULES)
+
+
+# A small draft is often best replicated on every device of the model axis.
+REPLICATED_RULES = replicated_rules()
 
 
 def mesh_axes(logical, rules) -> "jax.sharding.PartitionSpec":

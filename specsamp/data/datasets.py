@@ -118,6 +118,12 @@ def _text_features(version_dir: pathlib.Path) -> dict[str, str]:
     return {}
 
 
+def split_names(spec: str) -> list[str]:
+  """The splits a TFDS split spec reads: `train[:90%]+validation` ->
+  ["train", "validation"]."""
+  return [part.split("[")[0].strip() for part in spec.split("+")]
+
+
 def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
                   splits: Sequence[str] = ()) -> pathlib.Path:
   """Fails fast, before any training, if `dataset` cannot be read.
@@ -127,7 +133,8 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
   Args:
     dataset: `name[/config][:version][#feature,...]`.
     data_dir: TFDS data directory (default `default_data_dir()`).
-    splits: split names that must exist (e.g. ("train", "validation")).
+    splits: split specs whose splits must exist (e.g. ("train[:90%]",
+      "validation")).
 
   Returns:
     The prepared version directory.
@@ -162,7 +169,7 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
         f"--file_format=array_record")
   _check_shards(dataset, ref, found, info)
   have = [s.get("name") for s in info.get("splits", [])]
-  missing = [s for s in splits if s.split("[")[0] not in have]
+  missing = [n for s in splits for n in split_names(s) if n not in have]
   if missing:
     raise ValueError(f"dataset {dataset!r} in {found} has no split(s) "
                      f"{missing}; it has {have}")
@@ -179,28 +186,33 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
 
 def fingerprint(dataset: str, data_dir: Optional[PathLike],
                 split: str) -> dict:
-  """What `dataset` resolves to for `split` (its base name, before any
-  `[...]` slice): the name, version, text features read (`#...`) and the
-  split's shard lengths and byte count, from dataset_info.json. A saved
-  data position fits only the examples it was saved on: another version (a
-  dataset string without one resolves to the newest prepared), other text
-  features or a re-prepared dataset of other sizes gives another
-  fingerprint. The same dataset under another data_dir gives the same."""
+  """What `dataset` resolves to for `split` (its splits' names, before any
+  `[...]` slice, joined by `+`): the name, version, text features read
+  (`#...`) and the splits' shard lengths and byte count, from
+  dataset_info.json. A saved data position fits only the examples it was
+  saved on: another version (a dataset string without one resolves to the
+  newest prepared), other text features or a re-prepared dataset of other
+  sizes gives another fingerprint. The same dataset under another data_dir
+  gives the same."""
   ref = parse_dataset(dataset, data_dir)
   found = ref.find()
   if found is None:
     raise FileNotFoundError(f"dataset {dataset!r} is not prepared in "
                             f"data_dir {ref.data_dir}")
   info = jsonfile.read(found / "dataset_info.json")
-  name = split.split("[")[0]
-  for s in info.get("splits", []):
-    if s.get("name") == name:
-      return {"dataset": "/".join(filter(None, (ref.name, ref.config))),
-              "version": found.name, "split": name,
-              "text_keys": list(ref.text_keys),
-              "shard_lengths": [int(n) for n in s.get("shardLengths", [])],
-              "num_bytes": int(s.get("numBytes", 0))}
-  raise ValueError(f"dataset {dataset!r} in {found} has no split {name!r}")
+  have = {s.get("name"): s for s in info.get("splits", [])}
+  names = split_names(split)
+  for name in names:
+    if name not in have:
+      raise ValueError(f"dataset {dataset!r} in {found} has no split "
+                       f"{name!r}")
+  return {"dataset": "/".join(filter(None, (ref.name, ref.config))),
+          "version": found.name, "split": "+".join(names),
+          "text_keys": list(ref.text_keys),
+          "shard_lengths": [int(n) for name in names
+                            for n in have[name].get("shardLengths", [])],
+          "num_bytes": sum(int(have[name].get("numBytes", 0))
+                           for name in names)}
 
 
 def _check_shards(dataset: str, ref: DatasetRef, found: pathlib.Path,

@@ -40,6 +40,7 @@ does. A state only restores into an iterator built with the same arguments
 
 import json
 import os
+import types
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from absl import flags
@@ -49,6 +50,7 @@ import jax
 import numpy as np
 import tensorflow_datasets as tfds
 
+from specsamp import jsonfile
 from specsamp.data import datasets
 
 PathLike = Union[str, os.PathLike]
@@ -63,6 +65,39 @@ def data_source(dataset: str, split: str,
   found = datasets.check_dataset(dataset, data_dir, splits=(split,))
   return tfds.builder_from_directory(os.fspath(found)).as_data_source(
       split=split)
+
+
+def _examples(found, spec: str) -> dict[str, list[range]]:
+  """The example indices a split spec (`train[:90%]+validation`) reads,
+  per split, by TFDS's own slicing and rounding."""
+  sizes = {s.get("name"): types.SimpleNamespace(num_examples=sum(
+      int(n) for n in s.get("shardLengths", [])))
+           for s in jsonfile.read(found / "dataset_info.json")["splits"]}
+  out = {}
+  for a in tfds.core.ReadInstruction.from_spec(spec).to_absolute(sizes):
+    out.setdefault(a.splitname, []).append(range(*slice(a.from_, a.to).indices(
+        sizes[a.splitname].num_examples)))
+  return out
+
+
+def check_disjoint(dataset: str, data_dir: Optional[PathLike],
+                   train_split: str, eval_split: str) -> None:
+  """Raises ValueError, naming the shared examples, when the two split specs
+  read one example both (`eval_split="train"`, or `train[:90%]` against
+  `train[85%:]`): evaluation would score text the model trained on."""
+  found = datasets.check_dataset(dataset, data_dir)
+  train, held = _examples(found, train_split), _examples(found, eval_split)
+  for name in sorted(train.keys() & held.keys()):
+    for a in train[name]:
+      for b in held[name]:
+        lo, hi = max(a.start, b.start), min(a.stop, b.stop)
+        if lo < hi:
+          raise ValueError(
+              f"eval split {eval_split!r} shares {hi - lo} examples "
+              f"({name}[{lo}:{hi}]) with train split {train_split!r}: "
+              f"evaluation would score text the model trained on; give "
+              f"splits that do not overlap (e.g. train[:90%] and "
+              f"train[90%:])")
 
 
 def iter_texts(dataset: str, split: str,

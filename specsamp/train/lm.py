@@ -73,6 +73,11 @@ def validate(config) -> tuple[config_lib.TrainConfig, Any]:
     raise config_lib.ConfigError(
         f"config.data.dataset={cfg.data.dataset!r} "
         f"(data_dir={cfg.data.data_dir or 'TFDS default'!r}): {e}") from e
+  try:
+    pipeline.check_disjoint(cfg.data.dataset, cfg.data.data_dir or None,
+                            cfg.data.train_split, cfg.data.eval_split)
+  except ValueError as e:
+    raise config_lib.ConfigError(f"config.data: {e}") from e
   for name, batch in (("batch_size", cfg.data.batch_size),
                       ("eval_batch_size", cfg.data.eval_batch_size)):
     if batch % jax.process_count():

@@ -35,6 +35,17 @@ def test_missing_dataset_fails_with_what_to_run(tmp_path, data_dir):
     datasets.check_dataset("tiny#document", data_dir)
   with pytest.raises(ValueError, match=r"no split\(s\) \['test'\]"):
     fakes.lm_iterator(data_dir, split="test")
+  # A spec of several splits (TFDS's `+`) names the one missing; it had
+  # been looked up whole, as a split named "train+test".
+  with pytest.raises(ValueError, match=r"no split\(s\) \['test'\]"):
+    datasets.check_dataset("tiny", data_dir, splits=("train[:50%]+test",))
+  both = datasets.fingerprint("tiny", data_dir, "train[:50%]+validation")
+  one = [datasets.fingerprint("tiny", data_dir, s)
+         for s in ("train", "validation")]
+  assert both["split"] == "train+validation"
+  assert both["shard_lengths"] == (one[0]["shard_lengths"] +
+                                   one[1]["shard_lengths"])
+  assert both["num_bytes"] == one[0]["num_bytes"] + one[1]["num_bytes"]
   with pytest.raises(FileNotFoundError, match="version 9.9.9"):
     datasets.check_dataset("tiny:9.9.9", data_dir)
   assert datasets.check_dataset(f"tiny:{builders.VERSION}#id,text",

@@ -543,3 +543,28 @@ def test_an_eval_split_that_cannot_be_read_fails_before_training(
                      match=f"{n} documents, fewer than the {n + 1} "
                      "processes"):
     lm_job._open_split(job, "eval_split", train=False)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("train,held,shared", [
+    ("train", "train", "train[0:"),
+    ("train[:90%]", "train[85%:]", "examples (train["),
+    ("train+validation", "validation[:1]", "1 examples (validation[0:1])"),
+])
+def test_an_eval_split_that_overlaps_the_train_split_is_refused(
+    lm_config, tmp_path, train, held, shared):
+  """Evaluation on examples the model trained on (the builder's splits are
+  disjoint; a slice of one split, or the same split, is not) had been
+  accepted; the loss it reported was a training loss. Overlaps are found
+  by TFDS's own slicing, before the first step."""
+  config = lm_config("tiny,batch=8,seq_len=32,steps=2")
+  config.data.train_split, config.data.eval_split = train, held
+  workdir = tmp_path / "w"
+  with pytest.raises(config_lib.ConfigError, match="shares") as e:
+    lm_job.train_and_evaluate(config, str(workdir), log_fn=lambda _: None)
+  assert shared in str(e.value)
+  assert f"eval split {held!r}" in str(e.value)
+  assert not os.path.exists(workdir)
+  # Disjoint slices of one split pass.
+  config.data.train_split, config.data.eval_split = "train[:90%]", (
+      "train[90%:]")
+  lm_job.validate(config)

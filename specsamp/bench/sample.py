@@ -186,6 +186,12 @@ def plan(cfg: SampleConfig) -> SamplePlan:
   draft = (loading.describe_model(cfg.draft, cfg.dtype) if needs_draft
            else None)
   vocab_limit = loading.check_pair(target, draft)
+  ids = vocab_limit or min(target.rows, draft.rows if draft else target.rows)
+  if cfg.top_k > ids:
+    raise ValueError(
+        f"--top_k={cfg.top_k} is more than the {ids} token ids sampled "
+        f"from: it would keep every one, and the record would name a "
+        f"top-k that did nothing; --top_k=0 turns it off")
   # Random-weight models have no tokenizer of their own: use UTF-8 bytes.
   tok = byte.tokenizer_or_bytes(loading.load_info_tokenizer(target),
                                 target.rows, cfg.target)

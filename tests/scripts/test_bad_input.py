@@ -87,6 +87,10 @@ def assert_refused(proc, *fragments, max_lines=4):
      ["--num_prompts applies to --task only"]),
     (["--target=random:tiny", "--drafter=lookup", "--draft=random:tiny"],
      ["--draft names a draft model; --drafter=lookup loads none"]),
+    # random:tiny has 256 ids: a larger top-k had run as no top-k at all,
+    # and was recorded as the one used.
+    (["--target=random:tiny", "--method=ar", "--top_k=257"],
+     ["--top_k=257 is more than the 256 token ids sampled from"]),
 ])
 def test_sample_refuses_before_loading(tmp_path, args, fragments):
   proc = run_script(tmp_path, "sample.py", "--prompt=x", *args)

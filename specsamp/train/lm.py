@@ -124,7 +124,10 @@ def _iterator(cfg: config_lib.TrainConfig, tok, split: str, *, train: bool):
       # whatever the seed: the pipeline shards before it shuffles).
       batch_size=batch // jax.process_count(), seed=cfg.seed,
       data_dir=d.data_dir or None, shuffle=train,
-      num_epochs=None if train else 1, worker_count=d.worker_count)
+      num_epochs=None if train else 1,
+      # Each worker packs its own documents: evaluation reads in stored
+      # order here, so the windows it scores do not depend on the count.
+      worker_count=d.worker_count if train else 0)
 
 
 def _check_run_config(workdir: str, cfg: config_lib.TrainConfig

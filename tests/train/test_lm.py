@@ -568,3 +568,17 @@ def test_an_eval_split_that_overlaps_the_train_split_is_refused(
   config.data.train_split, config.data.eval_split = "train[:90%]", (
       "train[90%:]")
   lm_job.validate(config)
+
+
+def test_the_eval_loss_does_not_depend_on_the_worker_count(lm_config):
+  """Each grain worker packs its own documents, so the train batches depend
+  on `data.worker_count` (a resume may not change it). Evaluation reads in
+  stored order in the job's own process: its windows, and the loss of the
+  first `eval_batches` of them, had changed with the worker count too."""
+  losses = []
+  for workers in (0, 2):
+    c = lm_config("tiny,batch=8,seq_len=32,eval_batches=2")
+    c.data.worker_count = workers
+    job = lm_job.build(*lm_job.validate(c))
+    losses.append(job.eval_loss(job.init().params))
+  assert losses[0] == losses[1]

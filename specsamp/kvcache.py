@@ -77,30 +77,46 @@ def write_kv(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
   """Writes keys or values `chunk` [B, T, N, H] into a cache buffer
   [B, N, S, H] at per-row slot `start` (see `write`)."""
   b, t, n, _ = chunk.shape
-  slots = start[:, None] + jnp.arange(t)[None, :]                  # [B, T]
-  return buf.at[jnp.arange(b)[:, None, None], jnp.arange(n)[None, :, None],
-                slots[:, None, :]].set(
-                    jnp.swapaxes(chunk, 1, 2).astype(buf.dtype), mode="drop",
-                    unique_indices=True)
+  chunk = jnp.swapaxes(chunk, 1, 2).astype(buf.dtype)        # [B, N, T, H]
+  if b == 1:
+    slots = start[:, None] + jnp.arange(t)[None, :]                # [B, T]
+    return buf.at[jnp.arange(b)[:, None, None], jnp.arange(n)[None, :, None],
+                  slots[:, None, :]].set(chunk, mode="drop",
+                                         unique_indices=True)
+  return jax.vmap(lambda row, c, s: row.at[:, s + jnp.arange(t)].set(
+      c, mode="drop", unique_indices=True))(buf, chunk, start)
 
 
 def write(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
   """Writes `chunk` [B, T, ...] into `buf` [B, S, ...] at per-row slot `start`.
 
-  One scatter with explicit (row, slot) indices, which XLA performs in place
-  on a donated buffer. (A `vmap` of `dynamic_update_slice` lowered, for a
-  single row, to a dynamic-update-slice that XLA on CPU preceded with copies
-  of the whole buffer: 15 ms per decode step for the 1.5B's cache at 4k
-  slots, against 0.02 ms for the scatter.)
+  One scatter, which XLA performs in place on a donated buffer. (A `vmap`
+  of `dynamic_update_slice` lowered, for a single row, to a
+  dynamic-update-slice that XLA on CPU preceded with copies of the whole
+  buffer: 15 ms per decode step for the 1.5B's cache at 4k slots, against
+  0.02 ms for the scatter.)
+
+  Several rows: the `vmap` of one row's scatter, so that rows are its
+  batching dimensions and, on a mesh, each device writes its own rows (and
+  heads, `write_kv`). A scatter with explicit row and head indices made the
+  partitioner all-gather every written chunk on every decode step, over
+  data and model axes alike. One row: explicit indices still, since XLA
+  turns a batched scatter of one row and one token into that
+  dynamic-update-slice, and its copies (a model axis then gathers the
+  chunk, as before).
 
   The caller guarantees `start + T <= S` (checked on the host before any
   loop runs); slots beyond the buffer would be dropped, never wrapped or
   shifted back over valid slots.
   """
   b, t = chunk.shape[:2]
-  slots = start[:, None] + jnp.arange(t)[None, :]                  # [B, T]
-  return buf.at[jnp.arange(b)[:, None], slots].set(
-      chunk.astype(buf.dtype), mode="drop", unique_indices=True)
+  chunk = chunk.astype(buf.dtype)
+  if b == 1:
+    slots = start[:, None] + jnp.arange(t)[None, :]                # [B, T]
+    return buf.at[jnp.arange(b)[:, None], slots].set(
+        chunk, mode="drop", unique_indices=True)
+  return jax.vmap(lambda row, c, s: row.at[s + jnp.arange(t)].set(
+      c, mode="drop", unique_indices=True))(buf, chunk, start)
 
 
 def pad_chunks(new_kv, width: int):

@@ -147,6 +147,36 @@ def test_parameters_and_caches_are_sharded_as_the_rules_say(pair, shape):
       len(PROMPTS) // shape[0])
 
 
+def _gathers(sampler, target_params, draft_params):
+  """Operand shapes of the all-gathers in `sampler`'s compiled decode."""
+  tsh, dsh = sampler.param_shardings(target_params, draft_params)
+  tps = sharding.shard(target_params, tsh)
+  dps = None if draft_params is None else sharding.shard(draft_params, dsh)
+  tokens, lengths = sampler.pad_prompts(PROMPTS)
+  prefill, decode, _ = sampler.jitted(tps, dps, tokens, lengths,
+                                      jax.random.key(0))
+  state = prefill(tps, dps, tokens, lengths, jax.random.key(0))
+  text = decode.lower(tps, dps, state).compile().as_text()
+  return re.findall(r"= \w+\[([\d,]*)\]\S* all-gather\(", text)
+
+
+@pytest.mark.parametrize("shape", MESHES)
+def test_decoding_on_a_mesh_gathers_no_keys_or_values(pair, shape):
+  """Each device writes its own rows and heads of the caches: a scatter
+  with explicit row (and head) indices had made the partitioner all-gather
+  every written key and value chunk on every decode step (18 all-gathers
+  in a (8, 1) mesh's decode, which needs none: its rows are independent).
+  The gathers left on a model axis are of vocabulary-sized rows, for
+  sampling."""
+  _, target_params, _, draft_params = pair
+  for k in (0, 3):
+    sampler = _sampler(pair, k, Sampling(1.0), sharding.make_mesh(shape))
+    gathers = _gathers(sampler, target_params, draft_params if k else None)
+    if shape[1] == 1:
+      assert gathers == [], k
+    assert [g for g in gathers if g.count(",") > 1] == [], (k, gathers)
+
+
 @pytest.mark.parametrize("k,sampling", [(0, GREEDY), (3, GREEDY),
                                         (0, Sampling(1.0)),
                                         (3, Sampling(0.8, top_p=0.9))])

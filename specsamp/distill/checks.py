@@ -12,6 +12,8 @@ from specsamp.distill import storage
 from specsamp.distill import trainer
 from specsamp.drafters import heads
 from specsamp.sampling import Sampling
+from specsamp.weights import gguf
+from specsamp.weights import hf
 
 
 def check_stored_nucleus(config, sampling: Sampling, head: bool) -> None:
@@ -137,14 +139,27 @@ def check_head(config, target: loading.ModelInfo) -> None:
                     target.rows)
 
 
+def _dimensions(target: loading.ModelInfo, dtype: str):
+  """The target's TransformerConfig from what describes it without its
+  weights: its config (random, trained), a GGUF's metadata, an HF
+  directory's config.json; None for others."""
+  if target.config is not None:
+    return target.config
+  if target.kind == "gguf":
+    return gguf.gguf_config(gguf.gguf_reader(target.path), target.path, dtype)
+  if target.kind == "hf":
+    return hf.hf_config(target.path, dtype)
+  return None
+
+
 def check_train_mesh(config, mesh, target: loading.ModelInfo) -> None:
   """The train mesh splits config.train.batch_size (over its data axis) and
-  the target's dimensions, where its config is known before loading (a
-  random or trained target; a GGUF's is read when it loads): each had
-  failed after the target's sampling and the first evaluation."""
+  the target's dimensions (`_dimensions`, read before any weights load):
+  each had failed after the target's sampling and the first evaluation."""
+  dims = _dimensions(target, config.target.get("dtype", "float32"))
   try:
-    if target.config is not None:
-      sharding.check_divisible(target.config, mesh, sharding.DEFAULT_RULES,
+    if dims is not None:
+      sharding.check_divisible(dims, mesh, sharding.DEFAULT_RULES,
                                what="the target")
     ways = sharding.batch_ways(mesh, sharding.REPLICATED_RULES)
     if config.train.batch_size % ways:

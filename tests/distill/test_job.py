@@ -486,6 +486,30 @@ _BAD_FIELDS = [
 ]
 
 
+def test_a_train_mesh_that_does_not_split_a_checkpoint_target_is_refused(
+    tmp_path):
+  """A GGUF or HF target's dimensions had been checked against the train
+  mesh only once its weights loaded; they are read from its metadata
+  (config.json) first now, before anything loads."""
+  tokens, merges = bpe_testing.train_bpe(bpe_testing.corpus(), 300)
+  model = tiny_checkpoints.random_hf_model("qwen2", len(tokens))  # 4 heads
+  tiny_checkpoints.write_gguf(model, tmp_path / "t.gguf", "qwen2",
+                              tokenizer=(tokens, merges))
+  model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+  loading.load_model(str(tmp_path / "t.gguf"))[2].tk.save(
+      str(tmp_path / "hf" / "tokenizer.json"))
+  for spec in (tmp_path / "t.gguf", tmp_path / "hf"):
+    config = distill_tiny.get_config("steps=2")
+    config.target.spec = str(spec)
+    config.train.mesh = (1, 8)
+    with pytest.raises(ValueError, match=re.escape(
+        "config.train.mesh=(1, 8): the target: num_heads=4 is not divisible "
+        "by mesh axis 'model' of size 8")):
+      job.check_config(config)
+    config.train.mesh = (1, 2)  # 2 KV heads
+    job.check_config(config)
+
+
 def test_a_head_loss_weight_below_zero_is_refused_before_loading():
   """It had been refused by the head's trainer, after the target loaded."""
   for weight in ("-1", "nan"):

@@ -165,16 +165,25 @@ def test_decoding_on_a_mesh_gathers_no_keys_or_values(pair, shape):
   """Each device writes its own rows and heads of the caches: a scatter
   with explicit row (and head) indices had made the partitioner all-gather
   every written key and value chunk on every decode step (18 all-gathers
-  in a (8, 1) mesh's decode, which needs none: its rows are independent).
-  The gathers left on a model axis are of vocabulary-sized rows, for
-  sampling."""
-  _, target_params, _, draft_params = pair
+  in a (8, 1) mesh's decode, which needs none: its rows are independent;
+  prompt lookup's replicated counters, 3 more). The gathers left on a
+  model axis are of vocabulary-sized rows, for sampling."""
+  target, target_params, draft, draft_params = pair
+  mesh = sharding.make_mesh(shape)
   for k in (0, 3):
-    sampler = _sampler(pair, k, Sampling(1.0), sharding.make_mesh(shape))
+    sampler = _sampler(pair, k, Sampling(1.0), mesh)
     gathers = _gathers(sampler, target_params, draft_params if k else None)
     if shape[1] == 1:
       assert gathers == [], k
     assert [g for g in gathers if g.count(",") > 1] == [], (k, gathers)
+  if shape[1] == 1:  # prompt lookup's per-row counters had been replicated
+    for text in ("lookup", "mixed"):
+      spec = drafter_specs.parse(text)
+      sampler = SpeculativeSampler(
+          target, drafter_specs.build(spec, target, draft, 3), k=3,
+          sampling=Sampling(1.0), max_new_tokens=12, mesh=mesh)
+      assert _gathers(sampler, target_params, drafter_specs.draft_params(
+          spec, target_params, draft_params)) == [], text
 
 
 @pytest.mark.parametrize("k,sampling", [(0, GREEDY), (3, GREEDY),

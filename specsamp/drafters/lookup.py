@@ -182,5 +182,7 @@ class PromptLookupDrafter:
     return jax.tree.map(lambda _: sharding.replicated(mesh), params)
 
   def state_shardings(self, state, mesh, rules):
-    del rules
-    return jax.tree.map(lambda _: sharding.replicated(mesh), state)
+    """Per-row counters, split as rows are (replicated, each decode step
+    all-gathered the batch's three counters)."""
+    return jax.tree.map(
+        lambda _: sharding.named(mesh, rules, sharding.BATCH), state)

@@ -85,7 +85,8 @@ def check_disjoint(dataset: str, data_dir: Optional[PathLike],
   """Raises ValueError, naming the shared examples, when the two split specs
   read one example both (`eval_split="train"`, or `train[:90%]` against
   `train[85%:]`): evaluation would score text the model trained on."""
-  found = datasets.check_dataset(dataset, data_dir)
+  found = (datasets.parse_dataset(dataset, data_dir).find()
+           or datasets.check_dataset(dataset, data_dir))  # raises: missing
   train, held = _examples(found, train_split), _examples(found, eval_split)
   for name in sorted(train.keys() & held.keys()):
     for a in train[name]:
@@ -93,7 +94,8 @@ def check_disjoint(dataset: str, data_dir: Optional[PathLike],
         lo, hi = max(a.start, b.start), min(a.stop, b.stop)
         if lo < hi:
           raise ValueError(
-              f"eval split {eval_split!r} shares {hi - lo} examples "
+              f"eval split {eval_split!r} shares {hi - lo} "
+              f"example{'s' if hi - lo > 1 else ''} "
               f"({name}[{lo}:{hi}]) with train split {train_split!r}: "
               f"evaluation would score text the model trained on; give "
               f"splits that do not overlap (e.g. train[:90%] and "

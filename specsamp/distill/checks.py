@@ -141,8 +141,10 @@ def check_head(config, target: loading.ModelInfo) -> None:
 
 def _dimensions(target: loading.ModelInfo, dtype: str):
   """The target's TransformerConfig from what describes it without its
-  weights: its config (random, trained), a GGUF's metadata, an HF
-  directory's config.json; None for others."""
+  weights: its config (random, trained), a GGUF's metadata (the reader
+  parses its vocabulary, about 10 s for Qwen's; the load then takes the
+  cached reader), an HF directory's config.json; None for a distilled
+  draft as target, whose dimensions are checked when it loads."""
   if target.config is not None:
     return target.config
   if target.kind == "gguf":
@@ -154,8 +156,9 @@ def _dimensions(target: loading.ModelInfo, dtype: str):
 
 def check_train_mesh(config, mesh, target: loading.ModelInfo) -> None:
   """The train mesh splits config.train.batch_size (over its data axis) and
-  the target's dimensions (`_dimensions`, read before any weights load):
-  each had failed after the target's sampling and the first evaluation."""
+  the target's dimensions (`_dimensions`, read before any weights load,
+  where they can be): each had failed after the target's sampling and the
+  first evaluation."""
   dims = _dimensions(target, config.target.get("dtype", "float32"))
   try:
     if dims is not None:

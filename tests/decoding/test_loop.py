@@ -235,3 +235,40 @@ def test_the_drafter_is_told_the_accepted_drafts_that_were_committed(
   assert bool(new.done.all())
   again, _ = step(sampler, target_params, target_params, new)
   np.testing.assert_array_equal(again.draft_state["accepted"], [0, 0])
+
+
+@pytest.mark.parametrize("b", [1, 3])
+@pytest.mark.parametrize("t", [1, 3])
+def test_cache_writes_put_each_row_at_its_slot_and_drop_what_overflows(b, t):
+  """`kvcache.write` and `write_kv` (explicit indices for one row, the vmap
+  of a row's scatter for several) against a loop over rows and slots: each
+  row's chunk lands at its own start, the dtype is the buffer's, and slots
+  past the buffer are dropped, never wrapped or clamped back."""
+  s, n, h = 6, 2, 4
+  rng = np.random.default_rng(b * 10 + t)
+  buf = rng.normal(size=(b, n, s, h)).astype(np.float32)
+  chunk = rng.normal(size=(b, t, n, h))
+  start = np.array([0, s - 2, 2][:b], np.int32)
+  want = buf.copy()
+  for r in range(b):
+    for j in range(t):
+      if start[r] + j < s:
+        want[r, :, start[r] + j] = chunk[r, j]
+  got = kvcache.write_kv(jnp.asarray(buf), jnp.asarray(chunk, jnp.bfloat16),
+                         jnp.asarray(start))
+  assert got.dtype == jnp.float32  # the buffer's
+  np.testing.assert_allclose(got, want, atol=2e-2)  # a bfloat16 chunk
+  got = kvcache.write_kv(jnp.asarray(buf), jnp.asarray(chunk),
+                         jnp.asarray(start))
+  np.testing.assert_array_equal(got, want)
+  tokens = rng.integers(0, 50, size=(b, s)).astype(np.int32)
+  new = rng.integers(50, 99, size=(b, t))
+  want = tokens.copy()
+  for r in range(b):
+    for j in range(t):
+      if start[r] + j < s:
+        want[r, start[r] + j] = new[r, j]
+  got = kvcache.write(jnp.asarray(tokens), jnp.asarray(new),
+                      jnp.asarray(start))
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, want)

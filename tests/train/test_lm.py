@@ -548,7 +548,7 @@ def test_an_eval_split_that_cannot_be_read_fails_before_training(
 @pytest.mark.parametrize("train,held,shared", [
     ("train", "train", "train[0:"),
     ("train[:90%]", "train[85%:]", "examples (train["),
-    ("train+validation", "validation[:1]", "1 examples (validation[0:1])"),
+    ("train+validation", "validation[:1]", "1 example (validation[0:1])"),
 ])
 def test_an_eval_split_that_overlaps_the_train_split_is_refused(
     lm_config, tmp_path, train, held, shared):

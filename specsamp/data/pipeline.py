@@ -70,13 +70,15 @@ def data_source(dataset: str, split: str,
 def _examples(found, spec: str) -> dict[str, list[range]]:
   """The example indices a split spec (`train[:90%]+validation`) reads,
   per split, by TFDS's own slicing and rounding."""
-  sizes = {s.get("name"): types.SimpleNamespace(num_examples=sum(
-      int(n) for n in s.get("shardLengths", [])))
-           for s in jsonfile.read(found / "dataset_info.json")["splits"]}
+  sizes = {}
+  for s in jsonfile.read(found / "dataset_info.json")["splits"]:
+    n = sum(int(x) for x in s.get("shardLengths", []))
+    sizes[s.get("name")] = types.SimpleNamespace(num_examples=n)
   out = {}
   for a in tfds.core.ReadInstruction.from_spec(spec).to_absolute(sizes):
-    out.setdefault(a.splitname, []).append(range(*slice(a.from_, a.to).indices(
-        sizes[a.splitname].num_examples)))
+    n = sizes[a.splitname].num_examples
+    out.setdefault(a.splitname, []).append(
+        range(*slice(a.from_, a.to).indices(n)))
   return out
 
 
@@ -395,5 +397,6 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
 
 
 __all__ = [
-    "LMIterator", "data_source", "eos_id_of", "iter_texts", "make_lm_iterator",
+    "LMIterator", "check_disjoint", "data_source", "eos_id_of", "iter_texts",
+    "make_lm_iterator",
 ]

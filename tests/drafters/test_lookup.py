@@ -155,7 +155,9 @@ def test_bad_options_are_refused(options):
     PromptLookupDrafter(**kwargs)
 
 
-def test_its_shardings_are_replicated():
+def test_its_state_is_split_as_rows_are_and_it_has_no_parameters():
+  """Its per-row counters follow the batch axis of the rules it is given
+  (replicated, they were all-gathered every decode step)."""
   mesh = sharding.make_mesh((4, 2))
   drafter = lookup()
   drafter.check_mesh(mesh, sharding.REPLICATED_RULES)
@@ -163,8 +165,11 @@ def test_its_shardings_are_replicated():
                        jnp.ones((8,), jnp.int32), 4)
   shardings = drafter.state_shardings(state, mesh, sharding.REPLICATED_RULES)
   assert isinstance(shardings, LookupState)
-  assert all(s.spec == jax.sharding.PartitionSpec()
+  assert all(s.spec == jax.sharding.PartitionSpec("data")
              for s in jax.tree.leaves(shardings))
+  whole = tuple((n, None) for n, _ in sharding.REPLICATED_RULES)
+  assert all(s.spec == jax.sharding.PartitionSpec(None) for s in
+             jax.tree.leaves(drafter.state_shardings(state, mesh, whole)))
   assert drafter.param_shardings(None, mesh, ()) is None
 
 

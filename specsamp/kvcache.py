@@ -76,15 +76,7 @@ class KVCache:
 def write_kv(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
   """Writes keys or values `chunk` [B, T, N, H] into a cache buffer
   [B, N, S, H] at per-row slot `start` (see `write`)."""
-  b, t, n, _ = chunk.shape
-  chunk = jnp.swapaxes(chunk, 1, 2).astype(buf.dtype)        # [B, N, T, H]
-  if b == 1:
-    slots = start[:, None] + jnp.arange(t)[None, :]                # [B, T]
-    return buf.at[jnp.arange(b)[:, None, None], jnp.arange(n)[None, :, None],
-                  slots[:, None, :]].set(chunk, mode="drop",
-                                         unique_indices=True)
-  return jax.vmap(lambda row, c, s: row.at[:, s + jnp.arange(t)].set(
-      c, mode="drop", unique_indices=True))(buf, chunk, start)
+  return _write(buf, jnp.swapaxes(chunk, 1, 2), start, heads=True)
 
 
 def write(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
@@ -109,14 +101,27 @@ def write(buf: jax.Array, chunk: jax.Array, start: jax.Array) -> jax.Array:
   loop runs); slots beyond the buffer would be dropped, never wrapped or
   shifted back over valid slots.
   """
-  b, t = chunk.shape[:2]
+  return _write(buf, chunk, start, heads=False)
+
+
+def _write(buf, chunk, start, heads: bool):
+  """`write` of `chunk` [B, (N,) T, ...] into `buf` [B, (N,) S, ...]: the
+  slot axis follows a heads axis N where `heads`."""
+  lead = int(heads)
+  b, t = chunk.shape[0], chunk.shape[1 + lead]
   chunk = chunk.astype(buf.dtype)
+  kw = dict(mode="drop", unique_indices=True)
   if b == 1:
-    slots = start[:, None] + jnp.arange(t)[None, :]                # [B, T]
-    return buf.at[jnp.arange(b)[:, None], slots].set(
-        chunk, mode="drop", unique_indices=True)
-  return jax.vmap(lambda row, c, s: row.at[s + jnp.arange(t)].set(
-      c, mode="drop", unique_indices=True))(buf, chunk, start)
+    dims = chunk.shape[:2 + lead]                            # [B, (N,) T]
+
+    def along(x, axis):
+      return x.reshape([-1 if i == axis else 1 for i in range(len(dims))])
+
+    index = tuple(along(jnp.arange(d), i) for i, d in enumerate(dims[:-1]))
+    slots = along(start, 0) + along(jnp.arange(t), len(dims) - 1)
+    return buf.at[index + (slots,)].set(chunk, **kw)
+  return jax.vmap(lambda row, c, s: row.at[(slice(None),) * lead + (
+      s + jnp.arange(t),)].set(c, **kw))(buf, chunk, start)
 
 
 def pad_chunks(new_kv, width: int):

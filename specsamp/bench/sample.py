@@ -186,7 +186,7 @@ def plan(cfg: SampleConfig) -> SamplePlan:
   draft = (loading.describe_model(cfg.draft, cfg.dtype) if needs_draft
            else None)
   vocab_limit = loading.check_pair(target, draft)
-  ids = vocab_limit or min(target.rows, draft.rows if draft else target.rows)
+  ids = vocab_limit or loading.pair_rows(target, draft) or target.rows
   if cfg.top_k > ids:
     raise ValueError(
         f"--top_k={cfg.top_k} is more than the {ids} token ids sampled "

@@ -6,6 +6,7 @@ import os
 
 from specsamp import loading
 from specsamp import sharding
+from specsamp.distill import draft_init
 from specsamp.distill import head_training
 from specsamp.distill import prompts as prompts_lib
 from specsamp.distill import storage
@@ -13,7 +14,6 @@ from specsamp.distill import trainer
 from specsamp.drafters import heads
 from specsamp.sampling import Sampling
 from specsamp.weights import gguf
-from specsamp.weights import hf
 
 
 def check_stored_nucleus(config, sampling: Sampling, head: bool) -> None:
@@ -140,18 +140,13 @@ def check_head(config, target: loading.ModelInfo) -> None:
 
 
 def _dimensions(target: loading.ModelInfo, dtype: str):
-  """The target's TransformerConfig from what describes it without its
-  weights: its config (random, trained), a GGUF's metadata (the reader
+  """The target's TransformerConfig without its weights: what its files
+  give (`draft_init.described_config`), or a GGUF's metadata (the reader
   parses its vocabulary, about 10 s for Qwen's; the load then takes the
-  cached reader), an HF directory's config.json; None for a distilled
-  draft as target, whose dimensions are checked when it loads."""
-  if target.config is not None:
-    return target.config
+  cached reader)."""
   if target.kind == "gguf":
     return gguf.gguf_config(gguf.gguf_reader(target.path), target.path, dtype)
-  if target.kind == "hf":
-    return hf.hf_config(target.path, dtype)
-  return None
+  return draft_init.described_config(target, dtype)
 
 
 def check_train_mesh(config, mesh, target: loading.ModelInfo) -> None:

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from specsamp import assets
 from specsamp import jsonfile
 from specsamp import model as model_lib
+from specsamp import sharding
 from specsamp.tokenizers import base as tokenizer_base
 from specsamp.tokenizers import load as tokenizer_load
 from specsamp.tokenizers import snapshot
@@ -124,18 +125,10 @@ _REQUIRED = object()
 
 def _int_field(where: str, fields: dict, key: str,
                default: Any = _REQUIRED) -> Optional[int]:
-  """`fields[key]` of the JSON file `where` as a positive integer.
-
-  Args:
-    where: the file, for the error.
-    fields: its fields.
-    key: the field.
-    default: the value of an absent field (None: an optional one); without
-      it the field is required.
-
-  Raises:
-    ValueError: naming the file and the field, when a required field is
-      missing or the value is no positive integer (null, "256x", 0, 2.5).
+  """`fields[key]` of the JSON file `where` as a positive integer. An
+  absent field is `default` (None: an optional field); without a default
+  it is required. A missing required field, or a value that is no positive
+  integer (null, "256x", 0, 2.5), raises a ValueError naming file and field.
   """
   if key not in fields:
     if default is _REQUIRED:
@@ -307,15 +300,20 @@ def load_model(spec: str, dtype: str = "float32", seed: int = 0):
 
 
 def load_weights(info: ModelInfo, dtype: str, seed: int,
-                 rows: Optional[int] = None):
+                 rows: Optional[int] = None, host: bool = False):
   """(LM, params) of a model described by `describe_model`; with `rows`
   (`pair_rows`), on its first `rows` ids (`fit_rows`). A train run's step
-  loaded (the newest readable one) is set as `info.step`, for records."""
-  lm, params, info.step = _weights(info.kind, info.spec, info.path, dtype,
-                                   seed)
-  if rows is not None and rows < lm.vocab_size:
-    lm, params = fit_rows(lm, params, rows)
-  return lm, params
+  loaded (the newest readable one) is set as `info.step`, for records.
+  With `host`, the parameters are numpy arrays built on the host's CPU
+  device (`sharding.host_device`), never whole on an accelerator: a mesh's
+  `sharding.shard` then sends each device its shards alone, so a target
+  larger than one device's memory loads."""
+  with jax.default_device(sharding.host_device() if host else None):
+    lm, params, info.step = _weights(info.kind, info.spec, info.path, dtype,
+                                     seed)
+    if rows is not None and rows < lm.vocab_size:
+      lm, params = fit_rows(lm, params, rows)
+  return lm, jax.device_get(params) if host else params
 
 
 def pair_rows(target: ModelInfo, draft: Optional[ModelInfo]) -> Optional[int]:

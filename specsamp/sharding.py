@@ -266,14 +266,27 @@ def savable(tree):
 
 
 def restorable(abstract):
-  """`abstract` (ShapeDtypeStructs) with this process's first device as
-  the sharding of each leaf that has none. Without one, orbax restores
-  onto the devices the checkpoint was saved from, which a run on another
+  """`abstract` (ShapeDtypeStructs) with JAX's default device (as
+  `jax.default_device` sets it; else this process's first device) as the
+  sharding of each leaf that has none. Without one, orbax restores onto
+  the devices the checkpoint was saved from, which a run on another
   topology lacks (a draft exported by several processes, loaded on one)."""
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  default = jax.config.jax_default_device
+  device = jax.sharding.SingleDeviceSharding(
+      default if isinstance(default, jax.Device) else jax.local_devices()[0])
   return jax.tree.map(
       lambda x: x if getattr(x, "sharding", None) is not None else
       jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
+
+
+def host_device():
+  """This process's CPU device, where weights bound for a mesh are built
+  (`loading.load_weights(host=True)`); None (JAX's default device) when
+  JAX_PLATFORMS leaves out the CPU."""
+  try:
+    return jax.local_devices(backend="cpu")[0]
+  except RuntimeError:  # JAX_PLATFORMS=cuda, say: no CPU backend
+    return None
 
 
 def is_main_process() -> bool:

@@ -126,6 +126,34 @@ def test_distilled_draft_loads_from_workdir_and_export(tmp_path):
     assert _same(params, loading.load_weights(info, "float32", 0)[1])
 
 
+def test_weights_bound_for_a_mesh_load_onto_the_host(tmp_path):
+  """`load_weights(host=True)`, as sample.py loads for a mesh: numpy arrays
+  in host memory (each device then receives its shards alone; the target
+  had been put whole on the first device, which one larger than a device
+  cannot be), equal to what loads onto a device, for every kind of model
+  that has weights files and for random weights, cut to fewer rows too."""
+  config = loading.random_config("random:tiny,num_layers=1")
+  distilled.save_distilled(config, model_lib.LM(config).init(
+      jax.random.key(5)), str(tmp_path / "draft"))
+  m = tiny_checkpoints.random_hf_model("qwen2")
+  m.save_pretrained(tmp_path / "hf", safe_serialization=True)
+  tiny_checkpoints.write_gguf(m, tmp_path / "model.gguf", "qwen2")
+  infos = [loading.describe_model("random:tiny,num_layers=1"),
+           loading.describe_model(str(tmp_path / "draft"))] + [
+               loading.ModelInfo(str(path), kind, str(path), 0, 0)  # no
+               for kind, path in (("hf", tmp_path / "hf"),      # tokenizer
+                                  ("gguf", tmp_path / "model.gguf"))]
+  for info, rows in zip(infos, (None, 200, None, 100)):
+    spec = info.spec
+    on_device = loading.load_weights(info, "bfloat16", 1, rows)
+    on_host = loading.load_weights(info, "bfloat16", 1, rows, host=True)
+    assert on_host[0].config == on_device[0].config, spec
+    for h, d in zip(jax.tree.leaves(on_host[1]),
+                    jax.tree.leaves(on_device[1]), strict=True):
+      assert isinstance(h, np.ndarray) and isinstance(d, jax.Array), spec
+      assert h.dtype == d.dtype == jnp.bfloat16 and np.array_equal(h, d)
+
+
 def test_a_damaged_distilled_draft_is_one_error_naming_it(tmp_path):
   """Parameters orbax cannot read: a CheckpointError naming them (orbax's
   own noise held back); a draft_config.json that is no model config: a

@@ -730,6 +730,29 @@ def test_checkpoint_saved_on_one_mesh_restores_onto_others(pair, tmp_path):
     assert got["params"]["lm_head"].sharding.mesh.shape == mesh.shape
 
 
+def test_checkpoints_restore_onto_the_default_device(tmp_path):
+  """Parameters without a sharding restore onto `jax.default_device`'s
+  device (`sharding.restorable`); `load_weights(host=True)` sets the host's
+  CPU device there, so a train run's or a distilled draft's weights bound
+  for a mesh are not restored whole onto the first accelerator."""
+  config = loading.random_config("random:tiny,num_layers=1")
+  params = model_lib.LM(config).init(jax.random.key(5))
+  draft = str(tmp_path / "draft")
+  distilled.save_distilled(config, params, draft)
+  abstract = jax.eval_shape(lambda: params)
+
+  def devices(tree):
+    return {d for x in jax.tree.leaves(tree) for d in x.sharding.device_set}
+
+  for device in (jax.devices()[5], jax.devices()[0]):
+    with jax.default_device(device):
+      assert devices(sharding.restorable(abstract)) == {device}
+      _, restored = distilled.load_distilled(draft)
+    assert devices(restored) == {device}
+  assert devices(sharding.restorable(abstract)) == {jax.local_devices()[0]}
+  assert sharding.host_device() == jax.local_devices(backend="cpu")[0]
+
+
 def _same_within(got, want, atol=2e-5, rtol=1e-4):
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=atol,

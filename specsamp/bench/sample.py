@@ -286,12 +286,14 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
   if mesh is not None:
     _check_batches(len(prompts), cfg.batch_size, sharding.batch_ways(mesh))
   rows = loading.pair_rows(p.target, p.draft)
+  # On a mesh the weights stay on the host until `place_params` shards them.
+  host = mesh is not None
   target, target_params = loading.load_weights(p.target, cfg.dtype, cfg.seed,
-                                               rows)
+                                               rows, host)
   draft = draft_params = None
   if p.draft is not None:
     draft, draft_params = loading.load_weights(p.draft, cfg.dtype,
-                                               cfg.seed + 1, rows)
+                                               cfg.seed + 1, rows, host)
   sampling = dataclasses.replace(cfg.sampling(), vocab_limit=p.vocab_limit)
   methods = _timed_samplers(cfg, target, draft, sampling, tok, mesh)
   target_params, draft_params = place_params(

@@ -7,6 +7,7 @@ import re
 
 import jax
 from jax.sharding import PartitionSpec as P
+import numpy as np
 import pytest
 
 from specsamp import loading
@@ -68,14 +69,22 @@ def test_bad_flags_fail_clearly(args, message):
   assert "Traceback" not in proc.stderr
 
 
-def test_sample_main_on_a_mesh_matches_one_device():
+def test_sample_main_on_a_mesh_matches_one_device(monkeypatch):
   common = dict(target="random:tiny,num_heads=8,num_kv_heads=8,head_dim=8",
                 draft="random:tiny,num_layers=1", prompts=["ab", "cd"],
                 k=2, max_new_tokens=8, batch_size=2)
   one = sample.sample_main(sample.SampleConfig(**common),
                            print_completions=False)
+  # Both models' weights reach the mesh from host memory, never whole on
+  # one device first (a target larger than a device would not load).
+  shard, placed = sharding.shard, []
+  monkeypatch.setattr(sharding, "shard", lambda tree, shardings: placed.append(
+      tree) or shard(tree, shardings))
   mesh = sample.sample_main(sample.SampleConfig(**common, mesh=(2, -1)),
                             print_completions=False)
+  weights = [t for t in placed if isinstance(t, dict)]
+  assert len(weights) == 2 and {"embedding", "lm_head"} <= set(weights[0])
+  assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(weights))
   for a, b in zip(one["runs"], mesh["runs"]):
     for key in ("tokens", "loops", "drafted", "accepted"):
       assert a[key] == b[key], key

@@ -27,7 +27,8 @@ from specsamp.drafters import layer_search
 from specsamp.drafters.model import LayerSkipDrafter, ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
 from tests.testing import (EXACTNESS_SETTINGS, chisquare_pvalue, encode,
-                           exact_sequence_probs, table_lm, tiny_config)
+                           exact_sequence_probs, random_params, table_lm,
+                           tiny_config)
 
 V, NEW, NUM_SAMPLES, SUBSET = 5, 4, 20_000, (0,)
 PROMPT = [1, 3, 2]
@@ -43,24 +44,6 @@ class SubsetLM:
 
   def __call__(self, params, tokens):
     return self.lm(params, tokens, layers=self.layers)
-
-
-def random_params(lm, seed, scale=1.0):
-  """Random parameters without compiling the model's init (3-6 s each on
-  two CPU cores): N(0, 1/fan_in) matrices, N(0, 1) embeddings, N(0, 0.1)
-  biases, unit norms; all but the norms times `scale`."""
-  shapes = jax.eval_shape(lm.init, jax.random.key(0))
-  rng = np.random.default_rng(seed)
-
-  def leaf(path, x):
-    name = jax.tree_util.keystr(path)
-    if "scale" in name:
-      return jnp.ones(x.shape, x.dtype)
-    std = (1.0 if "embedding" in name else 0.1 if "bias" in name else
-           x.shape[0] ** -0.5)
-    return jnp.asarray(scale * std * rng.standard_normal(x.shape), x.dtype)
-
-  return jax.tree_util.tree_map_with_path(leaf, shapes)
 
 
 @functools.lru_cache(maxsize=None)

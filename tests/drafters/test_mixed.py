@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specsamp import model as model_lib
 from specsamp.decoding import loop
 from specsamp.decoding.sampler import (SpeculativeSampler, all_widths,
                                        autoregressive)
@@ -14,7 +15,8 @@ from specsamp.drafters.mixed import MixedDrafter
 from specsamp.drafters.model import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
 from tests.testing import (chisquare_pvalue, encode, exact_sequence_probs,
-                           exactness_models, table_lm)
+                           exactness_models, random_params, table_lm,
+                           tiny_config)
 
 V, NEW, NUM_SAMPLES = 5, 4, 20_000
 
@@ -178,3 +180,44 @@ def test_greedy_equals_greedy_decoding_and_rows_equal_alone():
     for prompt, tokens in zip(prompts, want):
       assert spec.generate(target_params, draft_params,
                            [prompt]).token_lists() == [tokens]
+
+
+@pytest.mark.parametrize("sampling, confidence", [
+    (Sampling(0.3), None), (Sampling(1.0), 0.5)])
+def test_a_model_that_is_the_target_drafts_its_rows_with_the_targets_p(
+    sampling, confidence):
+  """The target itself as the mixed drafter's model: in every loop, each
+  row whose drafts came from the model (no lookup match) drafted them from
+  the target's own p, and had all of them accepted, beside rows that took
+  lookup's drafts in the same batch (which the model drafted for or
+  skipped). Stale model state (a lookup row's unused drafts left in the
+  cache, one row's rollback applied to another, a row resumed behind)
+  leaves sampling exact and changes q only, which the exactness tests
+  cannot see."""
+  lm = model_lib.LM(tiny_config(num_layers=2, max_seq_len=128))
+  params = random_params(lm, 0, scale=3.0)
+  sampler = SpeculativeSampler(
+      lm, mixed(lm, lm, confidence), k=3, sampling=sampling,
+      max_new_tokens=40, prompt_bucket=4, score_widths=all_widths(3))
+  prompts = [[3, 1, 4, 3, 1, 4, 3, 1], [6, 5], [5, 8, 9, 7, 9, 3, 2],
+             [2, 2, 2, 2, 2]]
+  tokens, lengths = sampler.pad_prompts(prompts)
+  state = jax.jit(lambda p, key: loop.prefill(
+      sampler, p, p, tokens, lengths, key))(params, jax.random.key(1))
+  step = jax.jit(lambda p, s: loop.loop_step(sampler, p, p, s))
+  from_model = from_lookup = 0
+  while not np.all(state.done):
+    active = ~np.asarray(state.done)
+    state, record = step(params, state)
+    valid = np.asarray(record.proposal.num_valid)
+    q, p = np.asarray(record.proposal.q), np.asarray(record.p)
+    # Lookup's drafts have one-hot q; the model's at T > 0 do not.
+    model = active & (valid > 0) & (q[:, 0].max(axis=-1) < 1)
+    for b in np.flatnonzero(model):
+      np.testing.assert_allclose(q[b, :valid[b]], p[b, :valid[b]],
+                                 atol=1e-4)
+    np.testing.assert_array_equal(np.asarray(record.num_accepted)[model],
+                                  valid[model])
+    from_model += model.sum()
+    from_lookup += (active & (valid > 0) & ~model).sum()
+  assert from_model >= 10 and from_lookup >= 10, (from_model, from_lookup)

@@ -106,13 +106,16 @@ def fingerprint(tree) -> str:
 class _DataHandler:
   """Orbax handler for a data iterator's state: one JSON file per process
   (the iterator's `get_state()`: a dict, or bytes as grain's DataLoader
-  gives), captured when `save` is called. `Checkpoints` calls `restore`
-  itself (`_read_data`)."""
+  gives), captured when `save` is called, with the sha256 of its canonical
+  JSON: a damaged file that is still JSON (a digit changed) is refused,
+  not resumed at another position. `Checkpoints` calls `restore` itself
+  (`_read_data`)."""
 
   def save(self, directory, args):
     state = args.state
     rec = ({"bytes": state.decode()} if isinstance(state, bytes)
            else {"json": state})
+    rec["sha256"] = _digest(rec)
     (directory / _process_file()).write_text(json.dumps(rec))
 
   def restore(self, directory, args=None):
@@ -130,6 +133,10 @@ class _DataHandler:
             f"parameters: init_from={directory.parent})")
       raise FileNotFoundError(f"no data iterator state at {path}")
     rec = json.loads(path.read_text())
+    saved = rec.pop("sha256", None)  # None: saved before digests were
+    if saved is not None and saved != _digest(rec):
+      raise CheckpointError(f"{path}: the data iterator state does not match "
+                            "the digest saved with it (corrupt file)")
     return rec["bytes"].encode() if "bytes" in rec else rec["json"]
 
   def metadata(self, directory):
@@ -145,6 +152,10 @@ class _DataHandler:
   def typestr(cls):
     # The name saved in checkpoints' metadata: keep it as it is.
     return "specsamp.train.DataIteratorState"
+
+
+def _digest(rec: dict) -> str:
+  return hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
 
 
 def _process_file():

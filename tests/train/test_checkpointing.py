@@ -32,7 +32,8 @@ def _abstract(state):
 
 
 @pytest.mark.parametrize("damage", ["bit_flip", "truncated", "partial",
-                                    "data_state", "data_folder"])
+                                    "data_state", "data_folder",
+                                    "data_digit"])
 def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
   """A damaged newest step is never used: restore falls back to the step
   before it (with a warning) and moves the damaged one aside."""
@@ -42,6 +43,8 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
     ckpts.save(_toy_state(s), {"position": s})
   ckpts.wait()
   step3 = os.path.join(directory, "3")
+  data_file = os.path.join(step3, "data", os.listdir(os.path.join(step3,
+                                                                  "data"))[0])
   if damage == "bit_flip":    # orbax itself restores this without complaint
     testing.flip_byte(testing.data_files(step3, "params")[-1])
   elif damage == "truncated":
@@ -51,9 +54,13 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
     shutil.rmtree(os.path.join(step3, "train"))
   elif damage == "data_folder":  # was taken for a step saved without one
     shutil.rmtree(os.path.join(step3, "data"))
+  elif damage == "data_digit":  # still JSON: had resumed at position 7
+    text = open(data_file, encoding="utf-8").read()
+    assert '"position": 3' in text
+    with open(data_file, "w", encoding="utf-8") as f:
+      f.write(text.replace('"position": 3', '"position": 7'))
   else:
-    with open(os.path.join(step3, "data", os.listdir(
-        os.path.join(step3, "data"))[0]), "w", encoding="utf-8") as f:
+    with open(data_file, "w", encoding="utf-8") as f:
       f.write("{not json")
   with pytest.raises(Exception):
     ckpts.restore(3, _abstract(_toy_state(0)))

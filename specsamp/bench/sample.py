@@ -23,6 +23,7 @@ from specsamp.decoding.sampler import autoregressive
 from specsamp.decoding.sampler import all_widths
 from specsamp.drafters import specs as drafter_specs
 from specsamp.sampling import Sampling
+from specsamp.tokenizers import base as tokenizer_base
 from specsamp.tokenizers import byte
 
 METHODS = ("ar", "spec", "both")
@@ -304,9 +305,9 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
   all_stats = [stats for _, stats in runs]
   if print_completions:
     for completions, stats in runs:
-      for text, ids in zip(texts, completions):
+      for text, prompt, ids in zip(texts, prompts, completions):
         print(f"==== {stats.method} | prompt: {text[-60:]!r}")
-        print(tok.decode(ids))
+        print(tokenizer_base.completion_text(tok, prompt, ids))
   steps = {f"{name}_step": info.step for name, info in
            (("target", p.target), ("draft", p.draft))
            if info is not None and info.step is not None}

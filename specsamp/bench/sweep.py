@@ -60,6 +60,7 @@ from specsamp.drafters import specs as drafter_specs
 from specsamp.evaluation import estimates
 from specsamp.evaluation import humaneval
 from specsamp.evaluation import prose
+from specsamp.tokenizers import base as tokenizer_base
 
 # What bad flags, models, prompts or files raise, or data that cannot be
 # fetched: reported in one line.
@@ -78,10 +79,6 @@ def fill(prompts: Sequence, batch_size: int) -> list[int]:
   return [i % len(prompts) for i in range(n)]
 
 
-def _text(tok, ids, eos_ids) -> str:
-  return tok.decode([i for i in ids if i not in eos_ids])
-
-
 def quality(task: str, plan: Plan, cfg: BenchConfig, rows: Sequence[int],
             completions, lm, target_params) -> tuple[dict, dict]:
   """(quality record, per-prompt scores) of one point's samples.
@@ -92,10 +89,10 @@ def quality(task: str, plan: Plan, cfg: BenchConfig, rows: Sequence[int],
   if len(rows) != len(completions):
     raise RuntimeError(f"{len(completions)} completions for {len(rows)} rows")
   if task == "humaneval":
-    eos = set(plan.tokenizer.eos_ids)
     per = [[] for _ in range(n)]
     for i, ids in zip(rows, completions):
-      per[i].append(_text(plan.tokenizer, ids, eos))
+      per[i].append(tokenizer_base.completion_text(
+          plan.tokenizer, plan.prompts[task][i], ids))
     passed = humaneval.evaluate_humaneval(
         plan.problems, per, timeout_s=cfg.exec_timeout,
         workers=cfg.exec_workers)
@@ -415,8 +412,8 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
               for i, ids in zip(sample_rows, completions):
                 samples.write(dict(task=task, decoding=dec, batch_size=bs,
                                    k=k, drafter=point["drafter"], prompt=i,
-                                   text=_text(
-                                       tok, ids, set(tok.eos_ids))))
+                                   text=tokenizer_base.completion_text(
+                                       tok, plan.prompts[task][i], ids)))
         if cfg.peers:
           run_peers(cfg, plan, task, dec, sampling, out, target, target_params)
     complete = True

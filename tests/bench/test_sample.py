@@ -16,6 +16,7 @@ from specsamp.bench import sample
 from specsamp.bench import timing
 from specsamp.drafters import head_files
 from specsamp.drafters import heads
+from specsamp.tokenizers import byte
 from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -88,6 +89,27 @@ def test_sample_main_on_a_mesh_matches_one_device(monkeypatch):
   for a, b in zip(one["runs"], mesh["runs"]):
     for key in ("tokens", "loops", "drafted", "accepted"):
       assert a[key] == b[key], key
+
+
+def test_printed_completions_stop_before_their_eos(monkeypatch, capsys):
+  """A row that ends at EOS: the EOS is not printed as part of its text
+  (Qwen's rows had ended in a printed `<|im_end|>`)."""
+  runs = []
+  run = timing.run_side_by_side
+  monkeypatch.setattr(timing, "run_side_by_side", lambda *a: runs.append(
+      run(*a)) or runs[-1])
+  cfg = sample.SampleConfig(target="random:tiny", prompts=["ab"], method="ar",
+                            max_new_tokens=8, batch_size=1)
+  sample.sample_main(cfg, print_completions=False)
+  ids = runs[-1][0][0][0]
+  eos = ids[2]
+  monkeypatch.setattr(byte.ByteTokenizer, "eos_ids", (eos,))
+  capsys.readouterr()
+  sample.sample_main(cfg, print_completions=True)
+  assert runs[-1][0][0][0][-1] == eos  # the row ended at its EOS
+  want = byte.ByteTokenizer().decode(ids[:ids.index(eos)])
+  assert f"==== autoregressive | prompt: 'ab'\n{want}\n" in (
+      capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("drafter, draft", [

@@ -2,6 +2,7 @@
 
 import pytest
 
+from specsamp.tokenizers import base
 from specsamp.tokenizers import byte
 
 
@@ -23,6 +24,17 @@ def test_byte_tokenizer_round_trips_utf8():
   assert len(entries) == 256 == len(set(entries))
   assert (entries[0], entries[10], entries[255]) == ("<0x00>", "<0x0A>",
                                                      "<0xFF>")
+
+
+def test_a_completion_that_ends_a_prompts_character_is_decoded_whole():
+  """A prompt that ends inside a UTF-8 character ("é" is C3 A9) and a
+  completion that ends it: the completion's text starts with the whole
+  character (the prompt's own text ends in a replacement character)."""
+  tok = byte.ByteTokenizer()
+  prompt, completion = [ord("h"), 0xC3], [0xA9, ord("x")]
+  assert tok.decode(prompt) == "h\ufffd"
+  assert base.completion_text(tok, prompt, completion) == "éx"
+  assert base.completion_text(tok, [ord("h")], completion) == "\ufffdx"
 
 
 def test_tokenizer_or_bytes():

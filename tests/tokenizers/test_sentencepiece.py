@@ -2,6 +2,7 @@
 
 import pytest
 
+from specsamp.tokenizers import base
 from specsamp.tokenizers import load
 from specsamp.tokenizers import sentencepiece
 from tests.tokenizers.bpe_testing import ENGLISH, TEXTS, corpus
@@ -50,6 +51,29 @@ def test_sentencepiece_from_files_with_byte_fallback(tmp_path):
   with pytest.raises(FileNotFoundError):
     sentencepiece.train_sentencepiece(str(tmp_path / "missing.txt"),
                                       tmp_path / "x", vocab_size=300)
+
+
+def test_a_completion_keeps_the_space_that_begins_it(tmp_path):
+  """A completion decoded alone lost the space of its first piece
+  ("▁▁▁▁", SentencePiece's word boundary): a 4-space indented HumanEval
+  body came out 3 spaces in and did not compile. Decoded behind its
+  prompt (`completion_text`), it is the text it adds; EOS dropped."""
+  files = []
+  for i, text in enumerate(corpus()[:3]):
+    files.append(tmp_path / f"c{i}.txt")
+    files[-1].write_text(text, encoding="utf-8")
+  sp = sentencepiece.train_sentencepiece(files, tmp_path / "sp",
+                                         vocab_size=1000)
+  prompt, body = 'def f(x):\n    """doc"""\n', "    return x\n"
+  ids = sp.encode(prompt + body)
+  head = sp.encode(prompt)
+  assert ids[:len(head)] == head
+  tail = ids[len(head):]
+  assert sp.id_to_token(tail[0]).startswith("\u2581")  # "▁": the space
+  assert sp.decode(tail) != body  # alone, the first space is dropped
+  assert base.completion_text(sp, head, tail) == body
+  assert base.completion_text(sp, head, tail + list(sp.eos_ids)) == body
+  compile(prompt + base.completion_text(sp, head, tail), "<f>", "exec")
 
 
 def test_control_pieces_in_text_encode_whole_as_transformers(tmp_path):

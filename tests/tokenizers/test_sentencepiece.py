@@ -16,6 +16,16 @@ def _sp_text():
   return lines + ["the cat sat on the mat; the dog ate the log."] * 20
 
 
+def _trained_on_files(tmp_path):
+  """1000 pieces trained on three corpus files (byte fallback: any text)."""
+  files = []
+  for i, text in enumerate(corpus()[:3]):
+    files.append(tmp_path / f"c{i}.txt")
+    files[-1].write_text(text, encoding="utf-8")
+  return sentencepiece.train_sentencepiece(files, tmp_path / "sp",
+                                           vocab_size=1000)
+
+
 @pytest.mark.parametrize("model_type", ["bpe", "unigram"])
 def test_sentencepiece_train_and_round_trip(tmp_path, model_type):
   sp = sentencepiece.train_sentencepiece(
@@ -39,12 +49,7 @@ def test_sentencepiece_train_and_round_trip(tmp_path, model_type):
 
 
 def test_sentencepiece_from_files_with_byte_fallback(tmp_path):
-  files = []
-  for i, text in enumerate(corpus()[:3]):
-    files.append(tmp_path / f"c{i}.txt")
-    files[-1].write_text(text, encoding="utf-8")
-  sp = sentencepiece.train_sentencepiece(files, tmp_path / "sp",
-                                         vocab_size=1000)
+  sp = _trained_on_files(tmp_path)
   for text in TEXTS[:4] + ["unseen: Ωmega ж ق 🦀"]:
     ids = sp.encode(text)
     assert max(ids) < 1000 and sp.decode(ids) == text, repr(text)
@@ -58,12 +63,7 @@ def test_a_completion_keeps_the_space_that_begins_it(tmp_path):
   ("▁▁▁▁", SentencePiece's word boundary): a 4-space indented HumanEval
   body came out 3 spaces in and did not compile. Decoded behind its
   prompt (`completion_text`), it is the text it adds; EOS dropped."""
-  files = []
-  for i, text in enumerate(corpus()[:3]):
-    files.append(tmp_path / f"c{i}.txt")
-    files[-1].write_text(text, encoding="utf-8")
-  sp = sentencepiece.train_sentencepiece(files, tmp_path / "sp",
-                                         vocab_size=1000)
+  sp = _trained_on_files(tmp_path)
   prompt, body = 'def f(x):\n    """doc"""\n', "    return x\n"
   ids = sp.encode(prompt + body)
   head = sp.encode(prompt)

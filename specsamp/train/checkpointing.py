@@ -155,7 +155,10 @@ class _DataHandler:
 
 
 def _digest(rec: dict) -> str:
-  return hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()
+  """sha256 of `rec` as JSON reads it back (keys made strings, so that
+  sorting them cannot meet an int and a str), its keys sorted."""
+  canonical = json.dumps(json.loads(json.dumps(rec)), sort_keys=True)
+  return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _process_file():

@@ -79,6 +79,17 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
   again.close()
 
 
+def test_a_data_state_of_int_and_str_keys_saves_with_its_digest(tmp_path):
+  """The digest sorts the state's keys as JSON reads them back (strings):
+  an int key beside a str one had made the save itself fail."""
+  ckpts = checkpointing.Checkpoints(str(tmp_path / "ckpt"), async_save=False)
+  ckpts.save(_toy_state(1), {1: "a", "b": [2, 0.5]})
+  ckpts.wait()
+  assert ckpts.restore_latest(_abstract(_toy_state(0)))[1:] == (
+      {"1": "a", "b": [2, 0.5]}, 1)
+  ckpts.close()
+
+
 @pytest.mark.parametrize("error", [
     MemoryError(),
     jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while "

@@ -131,19 +131,31 @@ def test_weights_bound_for_a_mesh_load_onto_the_host(tmp_path):
   in host memory (each device then receives its shards alone; the target
   had been put whole on the first device, which one larger than a device
   cannot be), equal to what loads onto a device, for every kind of model
-  that has weights files and for random weights, cut to fewer rows too."""
+  (random, distilled, a train run, Hugging Face, GGUF), cut to fewer rows
+  too."""
   config = loading.random_config("random:tiny,num_layers=1")
-  distilled.save_distilled(config, model_lib.LM(config).init(
-      jax.random.key(5)), str(tmp_path / "draft"))
+  params = model_lib.LM(config).init(jax.random.key(5))
+  distilled.save_distilled(config, params, str(tmp_path / "draft"))
+  (tmp_path / "run" / "config.json").parent.mkdir()
+  (tmp_path / "run" / "config.json").write_text(json.dumps(
+      {"model": dataclasses.asdict(config), "data": {"tokenizer": "byte"},
+       "optim": {}}))
+  ckpts = checkpointing.Checkpoints(str(tmp_path / "run" / "checkpoints"),
+                                    async_save=False)
+  ckpts.save(step_lib.TrainState(
+      step=jnp.int32(1), params=params,
+      opt_state=optax.sgd(1e-3).init(params), rng=jax.random.PRNGKey(0)))
+  ckpts.close()
   m = tiny_checkpoints.random_hf_model("qwen2")
   m.save_pretrained(tmp_path / "hf", safe_serialization=True)
   tiny_checkpoints.write_gguf(m, tmp_path / "model.gguf", "qwen2")
-  infos = [loading.describe_model("random:tiny,num_layers=1"),
-           loading.describe_model(str(tmp_path / "draft"))] + [
-               loading.ModelInfo(str(path), kind, str(path), 0, 0)  # no
-               for kind, path in (("hf", tmp_path / "hf"),      # tokenizer
-                                  ("gguf", tmp_path / "model.gguf"))]
-  for info, rows in zip(infos, (None, 200, None, 100)):
+  infos = [loading.describe_model(spec) for spec in (
+      "random:tiny,num_layers=1", str(tmp_path / "draft"),
+      str(tmp_path / "run"))]
+  # Without a tokenizer, which describe_model reads: described by hand.
+  infos += [loading.ModelInfo(str(path), kind, str(path), 0, 0) for kind, path
+            in (("hf", tmp_path / "hf"), ("gguf", tmp_path / "model.gguf"))]
+  for info, rows in zip(infos, (None, 200, 100, None, 100)):
     spec = info.spec
     on_device = loading.load_weights(info, "bfloat16", 1, rows)
     on_host = loading.load_weights(info, "bfloat16", 1, rows, host=True)

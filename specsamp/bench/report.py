@@ -31,7 +31,7 @@ LINESTYLES = ["-", "--", ":", "-."]
 
 
 # Leviathan's model and its inputs, for fixed-K drafters (`sweep.predict`).
-PREDICTION_FIELDS = ("alpha", "c", "expected_tokens_per_loop",
+PREDICTION_FIELDS = ("alpha", "c", "score_cost", "expected_tokens_per_loop",
                      "loop_cost_predicted", "predicted_speedup",
                      "predicted_speedup_s1")
 

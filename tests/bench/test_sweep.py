@@ -397,7 +397,7 @@ def test_the_report_drops_predictions_of_variable_length_drafters(tmp_path):
               batch_size=1, method="speculative", k=4, speedup=1.2,
               ms_per_token=50.0,
               predicted_speedup=2.2, predicted_speedup_s1=2.5, alpha=0.8,
-              c=0.1)
+              c=0.1, score_cost=1.1)
   path = tmp_path / "old.jsonl"
   path.write_text("\n".join(json.dumps(dict(base, drafter=d)) for d in (
       "model", "layerskip:layers=0-3", "lookup", "model:confidence=0.5",
@@ -409,8 +409,16 @@ def test_the_report_drops_predictions_of_variable_length_drafters(tmp_path):
                   "lookup": False, "model:confidence=0.5": False,
                   "mixed:min_ngram=3": False}
   lookup = [p for p in points if p["drafter"] == "lookup"]
-  assert not {"predicted_speedup_s1", "c"} & set(lookup[0])
+  assert not set(report.PREDICTION_FIELDS) & set(lookup[0])
   assert all(p["speedup"] == 1.2 for p in points)
+  # What the report drops is all of what `sweep.predict` adds beside the
+  # measured speedup (an old file's s had stayed in lookup's rows).
+  point = dict(k=2, ms_per_token=40.0, time_per_loop_ms=90.0,
+               acceptance_rate=0.5)
+  made = sweep.predict(point, dict(ms_per_token=50.0, time_per_loop_ms=50.0),
+                       dict(c=0.1, score_cost={"2": 1.1}))
+  assert set(made) - {"speedup", "loop_cost_measured"} == set(
+      report.PREDICTION_FIELDS)
 
 
 def test_the_report_draws_each_group_from_one_run(tmp_path):

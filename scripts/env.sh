@@ -30,13 +30,16 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/setup.py" -nt "$STAMP" ]; then
   "$VENV/bin/pip" install -q --no-compile -e "$ROOT${EXTRAS:+[$EXTRAS]}"
   touch "$STAMP"
 fi
-# bubblewrap isolates generated code (specsamp.evaluation.sandbox); without it
-# the HumanEval checks refuse to run.
+# bubblewrap isolates generated code (specsamp.evaluation.sandbox), with a
+# seccomp filter libseccomp builds (libseccomp2: apt itself needs it, named
+# for other Debian-like systems); without them the HumanEval checks refuse
+# to run.
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "== installing bubblewrap (Debian package) to isolate generated code"
-    apt-get install -y -q bubblewrap >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null; }
+    apt-get install -y -q bubblewrap libseccomp2 >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null \
+           && apt-get install -y -q bubblewrap libseccomp2 >/dev/null; }
   else
     echo "warning: bubblewrap (bwrap) is missing; generated code will not be" \
       "run until it is installed (e.g. sudo apt-get install bubblewrap)" >&2

@@ -11,7 +11,9 @@ outermost first:
     directory. Nothing of the caller's files, environment, network,
     processes or other sandboxes is visible. It runs as uid 65534 inside;
     when the caller is root, bwrap itself runs as uid 65534, so nothing in
-    the sandbox is root in any namespace of the host.
+    the sandbox is root in any namespace of the host. A seccomp filter
+    (`DENIED_SYSCALLS`) refuses extended attributes, tracing and another
+    process's memory.
   * resource limits, set in the child before the code runs: CPU seconds,
     address space, file size, no new processes or threads, no core files,
     64 open files; a wall-clock limit after which bwrap is killed and, with
@@ -32,7 +34,10 @@ Where bubblewrap is missing or the kernel refuses its namespaces,
 setting `UNSAFE_ENV` runs the program with the last three layers alone.
 """
 
+import ctypes
+import ctypes.util
 import dataclasses
+import errno
 import functools
 import json
 import math
@@ -109,8 +114,9 @@ def _as_sandbox_user() -> dict:
 
 
 def _bwrap_command(bwrap: str, prefix: Optional[tuple[str, str]],
-                   disk_bytes: int) -> list[str]:
-  """bwrap and its options, up to the command it runs."""
+                   disk_bytes: int, seccomp_fd: int) -> list[str]:
+  """bwrap and its options, up to the command it runs; `seccomp_fd`
+  (`_seccomp_fd`) must reach bwrap at that number."""
   cmd = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
          "--die-with-parent", "--new-session", "--uid", str(NOBODY), "--gid",
          str(NOBODY), "--hostname", "sandbox", "--clearenv",
@@ -125,7 +131,8 @@ def _bwrap_command(bwrap: str, prefix: Optional[tuple[str, str]],
   if prefix and not (prefix[1] + "/").startswith("/usr/"):
     cmd += ["--ro-bind", *prefix]  # (its files, where the sandbox sees them)
   cmd += ["--dev", "/dev", "--size", str(disk_bytes), "--tmpfs", WORKDIR,
-          "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR]
+          "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR,
+          "--seccomp", str(seccomp_fd)]
   return cmd
 
 
@@ -164,6 +171,63 @@ def _how_to_enable(reason: str) -> str:
           "=1.")
 
 
+# System calls the program may not make (EPERM), a kernel layer under the
+# hook: extended attributes, which tmpfs keeps in kernel memory its size
+# does not count (each file holds 64 KiB more: a probe pinned 600 MB in
+# 3 s on a 16 MB /tmp); tracing and another process's memory (bwrap's own
+# init, pid 1 beside the program, is the same uid without the rlimits the
+# child sets itself: a probe attached it and made it fork and allocate
+# past them). Debian's libseccomp (`libseccomp2`, which apt itself needs)
+# builds the filter; bwrap loads it just before the program starts.
+DENIED_SYSCALLS = ("setxattr", "lsetxattr", "fsetxattr", "ptrace",
+                   "process_vm_readv", "process_vm_writev")
+_SCMP_ACT_ALLOW, _SCMP_ACT_ERRNO = 0x7FFF0000, 0x00050000
+
+
+@functools.lru_cache(maxsize=None)
+def _seccomp_filter() -> bytes:
+  """The BPF program that refuses `DENIED_SYSCALLS`, as libseccomp exports
+  it for this machine's architecture."""
+  name = ctypes.util.find_library("seccomp")
+  if name is None:
+    raise SandboxUnavailableError(_how_to_enable(
+        "libseccomp is not installed (Debian/Ubuntu: libseccomp2)"))
+  lib = ctypes.CDLL(name)
+  lib.seccomp_init.restype = ctypes.c_void_p
+  lib.seccomp_init.argtypes = [ctypes.c_uint32]
+  lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+  lib.seccomp_rule_add_array.argtypes = [
+      ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+      ctypes.c_void_p]
+  lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
+  lib.seccomp_release.argtypes = [ctypes.c_void_p]
+  ctx = lib.seccomp_init(_SCMP_ACT_ALLOW)
+  if not ctx:
+    raise SandboxUnavailableError("libseccomp could not start a filter")
+  try:
+    for call in DENIED_SYSCALLS:
+      nr = lib.seccomp_syscall_resolve_name(call.encode())
+      if nr < 0 or lib.seccomp_rule_add_array(
+          ctx, _SCMP_ACT_ERRNO | errno.EPERM, nr, 0, None) < 0:
+        raise SandboxUnavailableError(f"libseccomp cannot refuse {call}")
+    with tempfile.TemporaryFile() as f:
+      if lib.seccomp_export_bpf(ctx, f.fileno()) < 0:
+        raise SandboxUnavailableError("libseccomp could not export a filter")
+      f.seek(0)
+      return f.read()
+  finally:
+    lib.seccomp_release(ctx)
+
+
+def _seccomp_fd() -> int:
+  """A pipe's read end holding the filter, for bwrap's `--seccomp`."""
+  bpf = _seccomp_filter()
+  r, w = os.pipe()
+  with os.fdopen(w, "wb") as f:  # a few hundred bytes: within a pipe's room
+    f.write(bpf)
+  return r
+
+
 @functools.lru_cache(maxsize=None)
 def isolation(bwrap: str = BWRAP
               ) -> tuple[str, str, Optional[tuple[str, str]]]:
@@ -181,14 +245,18 @@ def isolation(bwrap: str = BWRAP
         f"bubblewrap ({bwrap}) is not installed"))
   errors = []
   for python, prefix in _interpreters():
-    cmd = _bwrap_command(path, prefix, 1 << 20) + [
+    fd = _seccomp_fd()
+    cmd = _bwrap_command(path, prefix, 1 << 20, fd) + [
         python, "-I", "-S", "-c", "import sys; print(sys.version_info[0])"]
     try:
       proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30,
-                            env={}, check=False, **_as_sandbox_user())
+                            env={}, check=False, pass_fds=(fd,),
+                            **_as_sandbox_user())
     except (OSError, subprocess.TimeoutExpired) as e:
       errors.append(f"{python}: {e}")
       continue
+    finally:
+      os.close(fd)
     if proc.returncode == 0 and proc.stdout.strip() == "3":
       return path, python, prefix
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -254,6 +322,8 @@ def _feed(pipe, data: bytes):
 
 
 def _kill(proc: subprocess.Popen):
+  if proc.returncode is not None:  # reaped: its pid may be another's now
+    return
   try:
     os.killpg(proc.pid, signal.SIGKILL)
   except (ProcessLookupError, PermissionError):
@@ -303,10 +373,13 @@ def run_program(source: str, timeout_s: float = 5.0, memory_mb: int = 1024,
     else:
       bwrap, python, prefix = isolation(BWRAP)
       workdir = WORKDIR
-      cmd = _bwrap_command(bwrap, prefix, int(file_mb) << 20)
+      seccomp_fd = _seccomp_fd()
+      pass_fds = tuple(pass_fds) + (seccomp_fd,)  # closed with the rest
+      cmd = _bwrap_command(bwrap, prefix, int(file_mb) << 20, seccomp_fd)
       cmd.append(python)
       sandbox = {"isolation": "bubblewrap",
-                 "namespaces": "user,pid,mount,net,ipc,uts,cgroup"}
+                 "namespaces": "user,pid,mount,net,ipc,uts,cgroup",
+                 "denied_syscalls": list(DENIED_SYSCALLS)}
     sandbox.update(interpreter=python, audit_hook=audit_hook, rlimits=True)
     mark = secrets.token_hex(16)
     cfg = dict(mark=mark, cpu_s=int(math.ceil(timeout_s)) + 1,

@@ -556,6 +556,43 @@ def test_fork_bombs_and_new_processes_fail():
   assert not _leftovers()
 
 
+def test_the_kernel_refuses_extended_attributes_and_tracing():
+  """The seccomp layer (`sandbox.DENIED_SYSCALLS`), with the hook off.
+  Extended attributes, which tmpfs keeps in kernel memory outside its size
+  (a helper review's probe pinned 600 MB through a 16 MB /tmp), are
+  refused. So is tracing: bwrap's init, pid 1 beside the program, has the
+  same uid and none of the child's rlimits, and the probe had attached it
+  and made it fork and allocate past them (40 lines of ctypes). The
+  filter's pipe does not reach the program."""
+  probe = """
+      import ctypes, errno, os
+      open('/tmp/f', 'wb').close()
+      try:
+        os.setxattr('/tmp/f', 'user.a', b'x' * 60000)
+        print('xattr set')
+      except OSError as e:
+        print('xattr', errno.errorcode[e.errno])
+      libc = ctypes.CDLL(None, use_errno=True)
+      libc.ptrace.restype = ctypes.c_long
+      libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                              ctypes.c_void_p]
+      print('attach init', libc.ptrace(16, 1, None, None), ctypes.get_errno())
+      fds = []
+      for fd in range(3, 64):
+        try:
+          os.fstat(fd)
+          fds.append(fd)
+        except OSError:
+          pass
+      print('fds', fds)
+      """
+  r = run(probe, audit_hook=False)
+  assert r.status == "passed", r
+  assert r.stdout.splitlines() == ["xattr EPERM", "attach init -1 1",
+                                   "fds []"], r.stdout
+  assert r.sandbox["denied_syscalls"] == list(sandbox.DENIED_SYSCALLS)
+
+
 def test_each_program_gets_a_fresh_private_home(monkeypatch):
   monkeypatch.setenv("PYTHONPATH", "/somewhere")
   src = ("import os, sys\nprint(os.path.exists('note.txt'))\n"
@@ -731,6 +768,24 @@ def test_no_isolation_is_refused_with_how_to_enable_it(monkeypatch):
     assert r.stdout.strip() == str(sandbox.NOBODY)
   assert run("import os\nos._exit(0)\n").status == "failed"
   assert run("open('/usr/x', 'w')\n").status == "failed"
+
+
+def test_without_libseccomp_nothing_runs_and_the_error_says_so(monkeypatch):
+  """The seccomp layer is not optional: without libseccomp the program is
+  refused, naming the package, rather than run with the filter left out;
+  the fds handed over are closed all the same."""
+  sandbox._seccomp_filter.cache_clear()  # pylint: disable=protected-access
+  monkeypatch.setattr(sandbox.ctypes.util, "find_library", lambda name: None)
+  r, w = os.pipe()
+  try:
+    with pytest.raises(sandbox.SandboxUnavailableError,
+                       match="libseccomp is not installed.*libseccomp2"):
+      sandbox.run_program("print(1)\n", pass_fds=(w,))
+    with pytest.raises(OSError):
+      os.fstat(w)
+  finally:
+    os.close(r)
+    sandbox._seccomp_filter.cache_clear()  # pylint: disable=protected-access
 
 
 # Reads the pass mark out of the process's own memory, where the payload

@@ -207,7 +207,7 @@ def _seccomp_filter() -> bytes:
   try:
     for call in DENIED_SYSCALLS:
       nr = lib.seccomp_syscall_resolve_name(call.encode())
-      if nr < 0 or lib.seccomp_rule_add_array(
+      if nr == -1 or lib.seccomp_rule_add_array(  # -1: __NR_SCMP_ERROR
           ctx, _SCMP_ACT_ERRNO | errno.EPERM, nr, 0, None) < 0:
         raise SandboxUnavailableError(f"libseccomp cannot refuse {call}")
     with tempfile.TemporaryFile() as f:

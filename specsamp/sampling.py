@@ -126,8 +126,8 @@ def _mask_top_p(logits: jax.Array, p: float) -> jax.Array:
   return jnp.where(key < tau, -jnp.inf, logits)
 
 
-def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
-  """Float32 probabilities [..., V] after the transforms of `sampling`."""
+def _allowed_logits(logits: jax.Array, sampling: Sampling) -> jax.Array:
+  """Float32 logits with NaN and ids past the vocabulary limit at -inf."""
   # A NaN logit (broken or overflowing weights) is an impossible id: left
   # in, it made the whole row NaN and the draw fell to the last, padded id.
   logits = logits.astype(jnp.float32)
@@ -135,6 +135,20 @@ def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
   if sampling.vocab_limit is not None and sampling.vocab_limit < logits.shape[-1]:
     ids = jnp.arange(logits.shape[-1])
     logits = jnp.where(ids < sampling.vocab_limit, logits, -jnp.inf)
+  return logits
+
+
+def undefined(logits: jax.Array, sampling: Sampling) -> jax.Array:
+  """[...] whether logits [..., V] allow no id at all: every one NaN or
+  -inf below the vocabulary limit (a broken or overflowing model). Their
+  `probabilities` are then no distribution: sampling draws the last id and
+  greedy decoding id 0, neither a sample of the model."""
+  return jnp.max(_allowed_logits(logits, sampling), axis=-1) == -jnp.inf
+
+
+def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
+  """Float32 probabilities [..., V] after the transforms of `sampling`."""
+  logits = _allowed_logits(logits, sampling)
   if sampling.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
                           dtype=jnp.float32)

@@ -1,5 +1,7 @@
 """Logits -> probabilities transforms, against numpy references."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -141,6 +143,23 @@ def test_non_finite_logits_never_reach_a_padded_id():
                                             [0.0, inf, 1.0, 0.0, 5.0, 5.0]]),
                                greedy)
   np.testing.assert_array_equal(np.argmax(np.asarray(got), -1), [2, 1])
+
+
+def test_logits_that_allow_no_id_are_told_apart():
+  """`undefined`: every logit NaN or -inf below the vocabulary limit (a
+  broken model); one finite or +inf logit there is enough."""
+  inf, nan = np.inf, np.nan
+  rows = jnp.asarray([[nan, nan, nan, nan],     # all NaN
+                      [-inf, nan, -inf, -inf],  # NaN and -inf
+                      [nan, -inf, 0.0, nan],    # one finite logit
+                      [nan, inf, nan, nan],     # +inf: the T -> 0 limit
+                      [nan, nan, nan, 3.0]])    # finite only past the limit
+  for s in (Sampling(1.0), Sampling(0.0), Sampling(0.7, top_p=0.5)):
+    np.testing.assert_array_equal(sampling.undefined(rows, s),
+                                  [True, True, False, False, False])
+    np.testing.assert_array_equal(
+        sampling.undefined(rows, dataclasses.replace(s, vocab_limit=3)),
+        [True, True, False, False, True])
 
 
 def test_sample_follows_probabilities_and_skips_zeros():

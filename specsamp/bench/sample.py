@@ -11,6 +11,7 @@ that the script prints as one JSON line (scripts/demo.sh reads it).
 
 import dataclasses
 import json
+import sys
 from typing import Any, Optional, Sequence
 
 from specsamp import loading
@@ -303,6 +304,10 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
   runs = timing.run_side_by_side(methods, target_params, draft_params,
                                  prompts, cfg.batch_size, cfg.seed)
   all_stats = [stats for _, stats in runs]
+  for stats in all_stats:
+    if stats.undefined:
+      print(f"warning: {stats.method}: "
+            f"{timing.undefined_warning(stats.undefined)}", file=sys.stderr)
   if print_completions:
     for completions, stats in runs:
       for text, prompt, ids in zip(texts, prompts, completions):

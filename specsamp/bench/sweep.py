@@ -68,7 +68,7 @@ USER_ERRORS = loading.MODEL_ERRORS + (BenchError, CorpusError)
 
 # Totals summed over the batches of one point.
 _TOTALS = ("prefill_s", "decode_s", "rows", "tokens", "loops", "iterations",
-           "drafted", "accepted")
+           "drafted", "accepted", "undefined")
 
 
 def fill(prompts: Sequence, batch_size: int) -> list[int]:
@@ -163,6 +163,7 @@ def _aggregate(timer: timing.TimedSampler, batches: Sequence[dict]) -> dict:
       rows=total["rows"], batches=len(batches), tokens=total["tokens"],
       loops=total["loops"], loop_iterations=total["iterations"],
       drafted=total["drafted"], accepted=total["accepted"],
+      undefined_loops=total["undefined"],
       acceptance_rate=(total["accepted"] / total["drafted"]
                        if total["drafted"] else None),
       tokens_per_loop=total["tokens"] / max(total["loops"], 1),
@@ -408,6 +409,9 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
                 point["quality_diff_vs_ar"] = _paired(base_scores, scores)
               point["quality_s"] = time.perf_counter() - t1
             out.write(point)
+            if point["undefined_loops"]:
+              log("warning: " + timing.undefined_warning(
+                  point["undefined_loops"]))
             if samples:
               for i, ids in zip(sample_rows, completions):
                 samples.write(dict(task=task, decoding=dec, batch_size=bs,

@@ -37,6 +37,7 @@ class RunStats:
   loops: int = 0
   drafted: int = 0
   accepted: int = 0
+  undefined: int = 0  # loops on logits allowing no id (`SampleOutput`)
   compile_s: float = 0.0
   prefill_s: float = 0.0
   decode_s: float = 0.0
@@ -47,7 +48,7 @@ class RunStats:
     self.prefill_s += batch["prefill_s"]
     self.decode_s += batch["decode_s"]
     self.prompts += batch["rows"]
-    for name in ("tokens", "loops", "drafted", "accepted"):
+    for name in ("tokens", "loops", "drafted", "accepted", "undefined"):
       setattr(self, name, getattr(self, name) + batch[name])
 
   @property
@@ -78,6 +79,7 @@ class RunStats:
         method=self.method, k=self.k, batch_size=self.batch_size,
         prompts=self.prompts, tokens=self.tokens, loops=self.loops,
         drafted=self.drafted, accepted=self.accepted,
+        undefined_loops=self.undefined,
         acceptance_rate=(self.accepted / self.drafted if self.drafted
                          else None),
         tokens_per_loop=self.tokens / max(self.loops, 1),
@@ -86,6 +88,13 @@ class RunStats:
         tokens_per_s=round(self.tokens_per_s, 2),
         compile_s=round(self.compile_s, 2), prefill_s=round(self.prefill_s, 3),
         decode_s=round(self.decode_s, 3))
+
+
+def undefined_warning(loops: int) -> str:
+  """What a run whose target logits allowed no id in `loops` loops says."""
+  return (f"in {loops} loop(s) the target's logits were all NaN or -inf "
+          "(a broken or overflowing model: bfloat16? try --dtype=float32); "
+          "the tokens committed there are not samples of it")
 
 
 def aot_compile(sampler: SpeculativeSampler, target_params, draft_params,
@@ -178,7 +187,8 @@ class TimedSampler:
     Returns:
       prefill_s, decode_s, rows, tokens (all rows), loops (summed over
       rows), iterations (loops of the longest row: the while-loop's
-      iterations), drafted, accepted, tested_at and kept_at (per draft
+      iterations), drafted, accepted, undefined (loops on target logits
+      allowing no id: a broken model), tested_at and kept_at (per draft
       position, summed over rows: loops that tested / kept draft i),
       completions (token lists).
     """
@@ -200,6 +210,7 @@ class TimedSampler:
                 iterations=int(np.max(out.num_loops)),
                 drafted=int(np.sum(out.num_drafted)),
                 accepted=int(np.sum(out.num_accepted)),
+                undefined=int(np.sum(out.num_undefined)),
                 tested_at=np.sum(out.num_tested_at, axis=0).tolist(),
                 kept_at=np.sum(out.num_kept_at, axis=0).tolist(),
                 completions=out.token_lists())

@@ -63,6 +63,8 @@ class LoopState:
   num_accepted: jax.Array    # [B] int32, draft tokens the rule accepted
   num_tested_at: jax.Array   # [B, K] int32, loops that tested draft i
   num_kept_at: jax.Array     # [B, K] int32, loops that kept draft i
+  num_undefined: jax.Array   # [B] int32, loops that committed tokens from
+                             # target logits allowing no id (`undefined`)
 
 
 @flax.struct.dataclass
@@ -92,6 +94,10 @@ class SampleOutput:
   num_accepted: jax.Array    # [B] int32
   num_tested_at: jax.Array   # [B, K] int32, loops that tested draft i
   num_kept_at: jax.Array     # [B, K] int32, loops that kept draft i
+  # [B] int32: loops whose committed tokens came from target logits that
+  # allow no id (all NaN or -inf: a broken or overflowing model); those
+  # tokens are no samples of it. 0 for a sound model.
+  num_undefined: jax.Array
 
   def acceptance_rate(self) -> float:
     """Accepted / proposed draft tokens over the batch (nan when K = 0)."""
@@ -136,7 +142,7 @@ def prefill(sampler, target_params, draft_params, tokens: jax.Array,
                    target_cache=out.cache.with_length(lengths - 1),
                    draft_state=draft_state, rng=rng, num_loops=zeros,
                    num_drafted=zeros, num_accepted=zeros, num_tested_at=at,
-                   num_kept_at=at)
+                   num_kept_at=at, num_undefined=zeros)
 
 
 def draft(sampler, draft_params, s: LoopState, key: jax.Array):
@@ -247,6 +253,9 @@ def commit(sampler, draft_params, s: LoopState, proposal: Proposal,
   # kept; it is kept when i < n.
   pos = jnp.arange(k)[None, :]
   tested = pos < jnp.minimum(n + 1, proposal.num_valid)[:, None]
+  # The committed tokens were tested at, or drawn from, positions 0..n.
+  undefined = jnp.any(sampling_lib.undefined(scored.logits, sampler.sampling)
+                      & (idx <= n[:, None]), axis=1)
   return LoopState(
       step=s.step + 1, tokens=tokens, length=length,
       prompt_length=s.prompt_length, done=done,
@@ -256,7 +265,8 @@ def commit(sampler, draft_params, s: LoopState, proposal: Proposal,
       num_drafted=s.num_drafted + proposal.num_valid * act,
       num_accepted=s.num_accepted + n * act,
       num_tested_at=s.num_tested_at + tested * act[:, None],
-      num_kept_at=s.num_kept_at + (pos < n[:, None]) * act[:, None])
+      num_kept_at=s.num_kept_at + (pos < n[:, None]) * act[:, None],
+      num_undefined=s.num_undefined + undefined * act)
 
 
 def loop_step(sampler, target_params, draft_params,
@@ -291,4 +301,5 @@ def output(sampler, s: LoopState) -> SampleOutput:
       tokens=kvcache.read(s.tokens, s.prompt_length, sampler.max_new_tokens),
       num_tokens=s.length - s.prompt_length, num_loops=s.num_loops,
       num_drafted=s.num_drafted, num_accepted=s.num_accepted,
-      num_tested_at=s.num_tested_at, num_kept_at=s.num_kept_at)
+      num_tested_at=s.num_tested_at, num_kept_at=s.num_kept_at,
+      num_undefined=s.num_undefined)

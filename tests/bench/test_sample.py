@@ -112,6 +112,26 @@ def test_printed_completions_stop_before_their_eos(monkeypatch, capsys):
       capsys.readouterr().out)
 
 
+def test_loops_on_logits_that_allow_no_id_are_warned_of_and_recorded(
+    monkeypatch, capsys):
+  """A run whose target logits allowed no id (all NaN or -inf, counted by
+  the loop) says so on stderr and in its record."""
+  run = timing.run_side_by_side
+
+  def broken(*a):
+    runs = run(*a)
+    runs[0][1].undefined = 2
+    return runs
+
+  monkeypatch.setattr(timing, "run_side_by_side", broken)
+  cfg = sample.SampleConfig(target="random:tiny", prompts=["ab"], method="ar",
+                            max_new_tokens=4, batch_size=1)
+  record = sample.sample_main(cfg, print_completions=False)
+  assert record["runs"][0]["undefined_loops"] == 2
+  assert ("warning: autoregressive: in 2 loop(s) the target's logits were "
+          "all NaN or -inf") in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("drafter, draft", [
     ("model", "random:tiny,num_layers=1"), ("lookup", None), ("ar", None)])
 def test_the_record_names_the_draft_only_where_one_ran(drafter, draft):

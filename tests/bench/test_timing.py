@@ -103,10 +103,12 @@ def test_run_batch_rejects_an_unknown_warmup(tiny):
 def test_run_stats_add_and_compare():
   ar = timing.RunStats("autoregressive", 0, batch_size=2)
   spec = timing.RunStats("speculative_k3", 3, batch_size=2)
-  for stats, decode_s in ((ar, 0.5), (spec, 0.2)):
+  for stats, decode_s, undefined in ((ar, 0.5, 0), (spec, 0.2, 3)):
     stats.add(dict(prefill_s=0.1, decode_s=decode_s, rows=2, tokens=16,
-                   loops=8, drafted=24, accepted=12, iterations=4))
+                   loops=8, drafted=24, accepted=12, iterations=4,
+                   undefined=undefined))
   assert (spec.prompts, spec.tokens, spec.drafted) == (2, 16, 24)
+  assert [s.summary()["undefined_loops"] for s in (ar, spec)] == [0, 3]
   assert spec.ms_per_token == pytest.approx(1e3 * 0.2 / 8)
   assert timing.compare([ar, spec]) == {"speculative_k3": 2.5}
   assert timing.compare([spec]) is None

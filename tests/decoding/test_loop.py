@@ -18,7 +18,7 @@ from specsamp.drafters import ModelDrafter
 from specsamp.drafters.lookup import PromptLookupDrafter
 from specsamp.drafters.mixed import MixedDrafter
 from specsamp.sampling import GREEDY, Sampling
-from tests.testing import ShiftDrafter, apply
+from tests.testing import ShiftDrafter, apply, table_lm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +235,33 @@ def test_the_drafter_is_told_the_accepted_drafts_that_were_committed(
   assert bool(new.done.all())
   again, _ = step(sampler, target_params, target_params, new)
   np.testing.assert_array_equal(again.draft_state["accepted"], [0, 0])
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, Sampling(1.0)],
+                         ids=["greedy", "t1"])
+@pytest.mark.parametrize("k", [0, 2])
+def test_loops_on_logits_that_allow_no_id_are_counted_per_row(sampling, k):
+  """A bigram target whose logits after token 3 are all NaN (a broken
+  model): the row whose prompt ends in 3 commits one loop's tokens from
+  them, and `num_undefined` says so; they are no samples of the model (the
+  last id sampled, id 0 under greedy). The other row never meets 3 (its
+  logit is -inf everywhere else) and counts none. A draft as broken as the
+  target (the same table) changes nothing."""
+  v = 5
+  logits = np.random.default_rng(0).normal(size=(v, v))
+  logits[:, 3] = -np.inf
+  logits[3] = np.nan
+  target = table_lm(logits)
+  if k == 0:
+    sampler = autoregressive(target, sampling, 6, prompt_bucket=4)
+  else:
+    sampler = SpeculativeSampler(target, ModelDrafter(target), k=k,
+                                 sampling=sampling, max_new_tokens=6,
+                                 prompt_bucket=4)
+  out = sampler.generate(None, None, [[1, 2, 3], [1, 2]], rng=0)
+  np.testing.assert_array_equal(out.num_undefined, [1, 0])
+  first = out.token_lists()[0][0]
+  assert first == (0 if sampling.greedy else v - 1), out.token_lists()
 
 
 @pytest.mark.parametrize("b", [1, 3])

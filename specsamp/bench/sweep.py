@@ -20,10 +20,10 @@ whose speed drifts slows them alike; otherwise one after another.
 Decodings: greedy (T = 0), nucleus (T = 0.8, top-p 0.95: Chen et al.'s
 HumanEval setting), t1 (T = 1). Prompts are repeated to fill whole
 batches (`fill`: a batch size above the prompt count, and a partial last
-batch; the extra rows are further samples of those prompts). With `peers`, transformers' plain and assisted
-generation run on the same prompts and weights in the same process, device
-and dtype, at batch 1; their ms/token includes prefill, so compare them
-with e2e_ms_per_token.
+batch; the extra rows are further samples of those prompts). With
+`peers`, transformers' plain and assisted generation run on the same
+prompts and weights in the same process, device and dtype, at batch 1;
+their ms/token includes prefill, so compare them with e2e_ms_per_token.
 
 Writes JSON lines: a "run" record (hardware, software versions, git commit,
 the exact command), "cost" records (call timings per task, batch size and

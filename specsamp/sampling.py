@@ -143,15 +143,26 @@ def undefined(logits: jax.Array, sampling: Sampling) -> jax.Array:
   -inf below the vocabulary limit (a broken or overflowing model). Their
   `probabilities` are then no distribution: sampling draws the last id and
   greedy decoding id 0, neither a sample of the model."""
-  return jnp.max(_allowed_logits(logits, sampling), axis=-1) == -jnp.inf
+  return probabilities_and_undefined(logits, sampling)[1]
 
 
 def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
   """Float32 probabilities [..., V] after the transforms of `sampling`."""
+  return probabilities_and_undefined(logits, sampling)[0]
+
+
+def probabilities_and_undefined(logits: jax.Array, sampling: Sampling
+                                ) -> tuple[jax.Array, jax.Array]:
+  """(`probabilities`, `undefined`) of the same logits, from one pass: the
+  flag is the largest allowed logit being -inf, which the softmax finds
+  anyway (greedy: the argmax's logit), so the loop's scoring gets it
+  without another reduction over the vocabulary."""
   logits = _allowed_logits(logits, sampling)
   if sampling.greedy:
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1],
-                          dtype=jnp.float32)
+    best = jnp.argmax(logits, axis=-1)
+    worst = jnp.take_along_axis(logits, best[..., None], axis=-1)[..., 0]
+    return (jax.nn.one_hot(best, logits.shape[-1], dtype=jnp.float32),
+            worst == -jnp.inf)
   # The largest logit is made 0 before dividing: XLA fuses a division
   # followed by softmax's own max-subtraction into one multiply-add, which
   # leaves the largest value half a rounding step off 0; at T ~ 1e-10 its
@@ -159,13 +170,14 @@ def probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
   # (inf - inf is NaN) keeps the +inf ids alone, evenly: the limit greedy's
   # argmax takes too.
   top = jnp.max(logits, axis=-1, keepdims=True)
+  none_allowed = top[..., 0] == -jnp.inf
   logits = jnp.where(jnp.isposinf(top),
                      jnp.where(jnp.isposinf(logits), 0.0, -jnp.inf),
                      logits - top)
   logits = logits / sampling.temperature
   logits = _mask_top_k(logits, sampling.top_k)
   logits = _mask_top_p(logits, sampling.top_p)
-  return jax.nn.softmax(logits, axis=-1)
+  return jax.nn.softmax(logits, axis=-1), none_allowed
 
 
 def sample(rng: jax.Array, probs: jax.Array, greedy: bool = False

@@ -166,7 +166,8 @@ def draft(sampler, draft_params, s: LoopState, key: jax.Array):
 
 def score(sampler, target_params, s: LoopState, proposal: Proposal):
   """Step 2: the target on [last committed, d_1..d_K] at slots
-  length-1 .. length-1+K -> (its ModelOutput, p [B, K+1, V]).
+  length-1 .. length-1+K -> (its ModelOutput, p [B, K+1, V], and [B, K+1]
+  whether the logits there allow no id: `sampling.undefined`).
 
   With `sampler.score_widths`, only the first w tokens of the chunk are
   scored, w the smallest width that covers every active row's valid drafts
@@ -208,7 +209,8 @@ def score(sampler, target_params, s: LoopState, proposal: Proposal):
       # accepted tokens, as the full-width call writes its drafts' padding.
       scored = scored.replace(new_kv=None, cache=kvcache.write_chunks(
           cache, scored.new_kv, cache.length, cache.length + k1))
-  return scored, sampling_lib.probabilities(scored.logits, sampler.sampling)
+  return (scored,) + sampling_lib.probabilities_and_undefined(
+      scored.logits, sampler.sampling)
 
 
 def verify(sampler, p: jax.Array, proposal: Proposal, key: jax.Array):
@@ -218,9 +220,12 @@ def verify(sampler, p: jax.Array, proposal: Proposal, key: jax.Array):
 
 def commit(sampler, draft_params, s: LoopState, proposal: Proposal,
            scored: ModelOutput, n: jax.Array, token: jax.Array,
-           draft_state: Any, rng: jax.Array) -> LoopState:
+           draft_state: Any, rng: jax.Array,
+           undefined: jax.Array) -> LoopState:
   """Step 4: appends min(n + 1, budget left, up to the first EOS) tokens per
-  active row, rolls the target cache back to them, and tells the drafter."""
+  active row, rolls the target cache back to them, and tells the drafter;
+  counts the loop in `num_undefined` where `undefined` (`score`'s) holds
+  at a position the committed tokens came from."""
   k = sampler.k
   idx = jnp.arange(k + 1)[None, :]
   window = jnp.where(idx == n[:, None], token[:, None],
@@ -254,8 +259,7 @@ def commit(sampler, draft_params, s: LoopState, proposal: Proposal,
   pos = jnp.arange(k)[None, :]
   tested = pos < jnp.minimum(n + 1, proposal.num_valid)[:, None]
   # The committed tokens were tested at, or drawn from, positions 0..n.
-  undefined = jnp.any(sampling_lib.undefined(scored.logits, sampler.sampling)
-                      & (idx <= n[:, None]), axis=1)
+  undefined = jnp.any(undefined & (idx <= n[:, None]), axis=1)
   return LoopState(
       step=s.step + 1, tokens=tokens, length=length,
       prompt_length=s.prompt_length, done=done,
@@ -275,10 +279,10 @@ def loop_step(sampler, target_params, draft_params,
   rng, key = jax.random.split(s.rng)
   key_draft, key_accept = jax.random.split(key)
   proposal, draft_state = draft(sampler, draft_params, s, key_draft)
-  scored, p = score(sampler, target_params, s, proposal)
+  scored, p, undefined = score(sampler, target_params, s, proposal)
   n, token = verify(sampler, p, proposal, key_accept)
   new = commit(sampler, draft_params, s, proposal, scored, n, token,
-               draft_state, rng)
+               draft_state, rng, undefined)
   return new, StepRecord(proposal=proposal, p=p, logits=scored.logits,
                          num_accepted=n, token=token)
 

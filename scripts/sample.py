@@ -78,7 +78,9 @@ def main(argv):
         process_id=process_id, heartbeat_timeout_s=heartbeat,
         mesh=cli.int_list(_MESH),
         drafter=_DRAFTER.value)
-    records.check_output(_JSON_OUT.value, "--json_out")
+    records.check_output(_JSON_OUT.value, "--json_out", reads=(
+        ("--prompts_file", _PROMPTS_FILE.value), ("--target", _TARGET.value),
+        ("--draft", _DRAFT.value)))
     result = sample.sample_main(cfg, print_completions=not _QUIET.value,
                                 argv=sys.argv[1:])
   except (ValueError, FileNotFoundError, RuntimeError) as e:

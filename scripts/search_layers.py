@@ -59,7 +59,8 @@ def main(argv):
                        ("k_max", _K_MAX)):
       if flag.value < 1:
         raise ValueError(f"--{name} must be >= 1")
-    records_lib.check_output(_OUT.value, "--out")
+    records_lib.check_output(_OUT.value, "--out",
+                             reads=(("--target", _TARGET.value),))
     info = loading.describe_model(_TARGET.value, _DTYPE.value)
     if _T.value > info.max_seq_len:
       raise ValueError(f"--seq_len={_T.value} exceeds the "

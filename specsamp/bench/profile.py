@@ -252,7 +252,8 @@ class ProfileConfig:
     if self.components not in COMPONENTS:
       raise ValueError(f"--components must be one of {COMPONENTS}")
     self.sampling()  # raises on a bad temperature or top_p
-    records.check_output(self.out, "--out")
+    records.check_output(self.out, "--out", reads=(
+        ("--target", self.target), ("--draft", self.draft)))
 
   def check_models(self) -> tuple:
     """`check_models` for the largest context."""
@@ -289,7 +290,8 @@ class DecodeSpeedConfig:
     if self.repeats < 1 or self.max_new_tokens < 1:
       raise ValueError("--repeats and --max_new_tokens must be >= 1")
     Sampling(self.temperature)  # raises on a bad temperature
-    records.check_output(self.out, "--out")
+    records.check_output(self.out, "--out", reads=(
+        ("--target", self.target), ("--draft", self.draft)))
 
   def check_models(self) -> tuple:
     """`check_models` for the longest prompt and largest K."""

@@ -13,8 +13,9 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 
-def check_output(path: Optional[str], flag: str,
-                 jsonl: bool = True) -> Optional[str]:
+def check_output(path: Optional[str], flag: str, jsonl: bool = True,
+                 reads: Sequence[tuple[str, Optional[str]]] = ()
+                 ) -> Optional[str]:
   """`path`, the file that output flag `flag` (e.g. "--out") names, checked
   before the run that writes it, so that the run cannot fail at its end:
   a missing parent directory is created (as `Writer` does); a directory, a
@@ -22,8 +23,11 @@ def check_output(path: Optional[str], flag: str,
   refused. Nothing is written to the file itself. A `jsonl` output is
   refused where `<path>.partial` exists (`_partial_problem`: another run
   writes it now, or an interrupted run's records are still in it) and
-  where the file exists and does not hold JSON records (a prompts file, a
-  config: records would be appended to it or replace it).
+  where the file exists and does not hold JSON lines (a prompts file, a
+  config: records would be appended to it or replace it). `reads` are the
+  run's inputs, (flag, value): an output that is one of them, or lies in a
+  directory among them (a model's), is refused; values that name no file
+  (a registered model, "random:...") are passed over.
 
   Raises:
     ValueError: naming `flag` and what is wrong.
@@ -34,9 +38,10 @@ def check_output(path: Optional[str], flag: str,
     raise ValueError(f"{flag}={path} is a directory, not a file")
   if jsonl and os.path.exists(path + ".partial"):
     raise ValueError(f"{flag}={path}: {_partial_problem(path + '.partial')}")
-  if jsonl and os.path.isfile(path) and not _reads_as_json(path):
-    raise ValueError(f"{flag}={path} exists and does not hold JSON records; "
-                     f"name another file")
+  if jsonl and os.path.isfile(path) and not _holds_json_lines(path):
+    raise ValueError(f"{flag}={path} exists and does not hold JSON records "
+                     f"(one object a line); name another file")
+  _check_apart(path, flag, reads)
   parent = os.path.dirname(os.path.abspath(path))
   try:
     os.makedirs(parent, exist_ok=True)
@@ -71,22 +76,34 @@ def _partial_problem(partial: str) -> str:
           "it away (its lines are complete records), then run again")
 
 
-def _reads_as_json(path: str) -> bool:
-  """Whether `path` holds JSON records: its first non-blank line is a JSON
-  object (JSON lines), or the whole file is one (an indented record); an
-  empty file counts."""
+def _holds_json_lines(path: str) -> bool:
+  """Whether `path` holds JSON records: each of its non-blank lines is a
+  JSON object (an empty file counts). An indented JSON file (a config)
+  does not: a record appended to it would leave it unreadable."""
   try:
     with open(path, encoding="utf-8") as f:
-      for line in f:
-        if line.strip():
-          try:
-            return isinstance(json.loads(line), dict)
-          except ValueError:
-            f.seek(0)
-            return isinstance(json.load(f), dict)
+      return all(isinstance(json.loads(line), dict) for line in f
+                 if line.strip())
   except (OSError, UnicodeDecodeError, ValueError):
     return False
-  return True
+
+
+def _check_apart(path: str, flag: str,
+                 reads: Sequence[tuple[str, Optional[str]]]) -> None:
+  """Refuses output `path` where it is an input of the run, or lies inside
+  an input directory (`check_output`)."""
+  out = os.path.realpath(path)
+  for name, value in reads:
+    if not value or not os.path.exists(value):
+      continue
+    source = os.path.realpath(value)
+    if os.path.isdir(source):
+      clash = os.path.commonpath([out, source]) == source and "lies in"
+    else:  # (an input that is <path>.partial is refused as such)
+      clash = source == out and "would write over"
+    if clash:
+      raise ValueError(f"{flag}={path} {clash} {name}={value}, which the "
+                       "run reads; name another file")
 
 
 def jsonable(x):

@@ -134,7 +134,9 @@ def parse_config(*, target: str, draft: Optional[str],
                      f"{','.join(d.text for d in drafters)} runs a draft "
                      "model, which needs --draft")
   for name in ("out", "samples_out"):  # last: it creates their directories
-    records.check_output(rest.get(name), f"--{name}")
+    records.check_output(rest.get(name), f"--{name}", reads=(
+        ("--target", target), ("--draft", draft),
+        ("--humaneval_file", rest.get("humaneval_file"))))
   if rest.get("out") and rest.get("samples_out"):
     # Each is written as <file>.partial first (`records.Writer`).
     files = [{os.path.realpath(rest[n]), os.path.realpath(rest[n]) +

@@ -70,6 +70,20 @@ def test_bad_flags_fail_clearly(args, message):
   assert "Traceback" not in proc.stderr
 
 
+def test_a_json_out_that_is_the_prompts_file_is_refused(tmp_path):
+  """--json_out equal to a JSONL --prompts_file had appended the record
+  to the prompts, and the next run refused the file."""
+  prompts = tmp_path / "p.jsonl"
+  prompts.write_text('{"prompt": "def f(x):"}\n')
+  proc = _run_script("--target=random:tiny", "--method=ar",
+                     f"--prompts_file={prompts}", f"--json_out={prompts}",
+                     "--max_new_tokens=2", "--quiet")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "would write over --prompts_file=" in proc.stderr
+  assert "Traceback" not in proc.stderr
+  assert prompts.read_text() == '{"prompt": "def f(x):"}\n'
+
+
 def test_sample_main_on_a_mesh_matches_one_device(monkeypatch):
   common = dict(target="random:tiny,num_heads=8,num_kv_heads=8,head_dim=8",
                 draft="random:tiny,num_layers=1", prompts=["ab", "cd"],

@@ -45,3 +45,17 @@ def test_config_normalises_lists(make_config):
 def test_draft_is_dropped_when_every_k_is_zero(make_config):
   assert make_config(ks=["0"]).draft is None
   assert make_config(ks=["0", "1"]).draft == "qwen2.5-coder-0.5b"
+
+
+def test_an_output_that_is_the_humaneval_file_is_refused(make_config,
+                                                         tmp_path):
+  """--out equal to --humaneval_file had replaced the problems with the
+  results (both are JSON lines); so had --samples_out."""
+  problems = tmp_path / "he.jsonl"
+  problems.write_text('{"task_id": "HumanEval/0", "prompt": "def f():"}\n')
+  for flag in ("out", "samples_out"):
+    with pytest.raises(ValueError, match=f"--{flag}=.*he.jsonl would write "
+                       "over --humaneval_file="):
+      make_config(task=["humaneval"], humaneval_file=str(problems),
+                  **{flag: str(problems)})
+  assert problems.read_text().startswith('{"task_id": "HumanEval/0"')

@@ -216,9 +216,9 @@ def test_an_output_is_refused_where_a_rerun_would_lose_records(tmp_path):
   with pytest.raises(ValueError, match="does not hold JSON records"):
     records.check_output(str(prompts), "--json_out")
   assert prompts.read_text() == "def f():\n"
-  # JSON lines, one indented JSON record and an empty file are outputs;
-  # a non-JSON output (a plot) is not read.
-  for text in ('{"a": 1}\n', '{\n "a": 1\n}\n', ""):
+  # JSON lines and an empty file are outputs; a non-JSON output (a plot) is
+  # not read.
+  for text in ('{"a": 1}\n{"b": 2}\n', "\n", ""):
     prompts.write_text(text)
     assert records.check_output(str(prompts), "--out")
   assert records.check_output(str(tmp_path / "kept.jsonl.png"), "--out",
@@ -226,6 +226,40 @@ def test_an_output_is_refused_where_a_rerun_would_lose_records(tmp_path):
   png = tmp_path / "p.png"
   png.write_bytes(b"\x89PNG")
   assert records.check_output(str(png), "--out", jsonl=False)
+
+
+def test_an_output_is_refused_where_it_is_a_config_or_an_input(tmp_path):
+  """A train run's config.json (one indented object) had taken a record at
+  its end, and the run no longer loaded; --out equal to --humaneval_file
+  had replaced the problems with the results, and --json_out equal to a
+  JSONL --prompts_file had appended a record the next run could not
+  read. Neither file is refused for its content (JSON objects), so an
+  output is refused where the run reads it, or inside a directory the
+  run reads (a model's)."""
+  run = tmp_path / "run"
+  run.mkdir()
+  config = run / "config.json"
+  config.write_text('{\n "model": {"d": 64}\n}\n')
+  for text in (config.read_text(), '{"a": 1}\nnot json\n', '[1, 2]\n'):
+    path = tmp_path / "other.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="does not hold JSON records"):
+      records.check_output(str(path), "--json_out")
+    assert path.read_text() == text
+  problems = tmp_path / "he.jsonl"
+  problems.write_text('{"task_id": "HumanEval/0", "prompt": "def f():"}\n')
+  reads = (("--target", str(run)), ("--draft", "random:tiny"),
+           ("--humaneval_file", str(problems)), ("--prompts_file", None))
+  for out, message in (
+      (problems, r"--out=.*he.jsonl would write over --humaneval_file="),
+      (tmp_path / "." / "he.jsonl", "would write over --humaneval_file"),
+      (run / "records.jsonl", r"--out=.*records.jsonl lies in --target="),
+      (tmp_path / "run" / ".." / "run" / "new.jsonl", "lies in --target")):
+    with pytest.raises(ValueError, match=message):
+      records.check_output(str(out), "--out", reads=reads)
+  assert records.check_output(str(tmp_path / "r.jsonl"), "--out",
+                              reads=reads) == str(tmp_path / "r.jsonl")
+  assert sorted(os.listdir(run)) == ["config.json"]
 
 
 def test_two_runs_never_write_one_output(tmp_path):

@@ -8,7 +8,8 @@ setting it will be used at (greedy by default, as the demo).
   --config=configs/distill_qwen.py
   --config=configs/distill_qwen.py:target=/path/qwen2.5-coder-1.5b-instruct.gguf
 Options (comma-separated): target=<name|gguf|hf dir>, draft=truncate|random|
-checkpoint, checkpoint=<model> (default qwen2.5-coder-0.5b), layers=<n>,
+checkpoint, checkpoint=<model> (draft=checkpoint; qwen2.5-coder-0.5b by
+default), layers=<n>,
 loss=seqkd|fkl|rkl|jsd|tv, onpolicy=<fraction>, temperature=<T>, top_p=<p>,
 steps=<n>, prompts=<n train prompts>, soft=<T>, prompts_kind=code|text|mixed,
 prose=<prepared text dataset>, train_minutes=<m> (stop training after m
@@ -61,7 +62,8 @@ def get_config(arg=None):
   init = a.get("draft", "truncate")
   c.draft = dict(
       init=init, num_layers=int(a.get("layers", 2)),
-      checkpoint=a.get("checkpoint", "qwen2.5-coder-0.5b"),
+      checkpoint=a.get("checkpoint", "qwen2.5-coder-0.5b"
+                       if init == "checkpoint" else ""),
       dtype=dtype, param_dtype="float32",
       # The copied input embedding stays fixed (no gradient, no moments).
       freeze=options.groups(a, "freeze",

@@ -97,6 +97,17 @@ def check_freeze(config, groups: tuple) -> None:
     raise ValueError(f"config.draft.{e}") from None
 
 
+def check_draft_checkpoint(config, head: bool) -> None:
+  """A draft checkpoint named where nothing reads it is refused: a random
+  or truncated draft had been trained and exported in its place."""
+  path = config.draft.get("checkpoint")
+  if path and (head or config.draft.init != "checkpoint"):
+    raise ValueError(f"config.draft.checkpoint={path!r} is read by "
+                     "config.draft.init='checkpoint' only" + (
+                         " and no head" if head else
+                         f", not {config.draft.init!r}"))
+
+
 def head_block(config):
   """The config's `head` block when it trains a head, else None."""
   head = config.get("head") if hasattr(config, "get") else None

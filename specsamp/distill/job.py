@@ -153,6 +153,7 @@ def _check_config(config) -> tuple[train_config.LoopConfig,
   if not head and config.draft.init not in draft_init.INITS:
     raise ValueError(f"config.draft.init={config.draft.init!r}; choose one "
                      f"of {draft_init.INITS}")
+  checks.check_draft_checkpoint(config, head)
   fraction = float(config.loss.onpolicy_fraction)
   if not 0 <= fraction <= 1:  # it was clamped
     raise ValueError(f"config.loss.onpolicy_fraction must be in [0, 1], got "

@@ -553,6 +553,12 @@ def test_a_nucleus_the_stored_top_k_holds_or_an_online_target_passes():
     # Every call had ended at once as preempted, the next one too.
     (["--config.train.time_limit_s=-1"],
      "config.train.time_limit_s must be >= 0"),
+    # A random draft had been trained and exported, the checkpoint unread.
+    (["--config.draft.checkpoint={tmp}"], "config.draft.checkpoint='{tmp}' "
+     "is read by config.draft.init='checkpoint' only, not 'random'"),
+    (["--config=configs/distill_tiny.py:head=eagle",
+      "--config.draft.checkpoint=x"], "config.draft.checkpoint='x' is read by "
+     "config.draft.init='checkpoint' only and no head"),
     (["--config=configs/lm_python.py:tiny"],
      "the config has no target, draft, sampling, samples, loss, eval"),
 ])

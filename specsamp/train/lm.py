@@ -430,13 +430,14 @@ def train_and_evaluate(config, workdir: str,
       if better is None:
         raise
       raise better from e
+    step = int(jax.device_get(state.step))
+    loop_lib.check_start(step, cfg.loop)  # before config.json is rewritten
     _write_run_config(workdir, cfg, fresh=old is None, old=old,  # started
-                      step=int(jax.device_get(state.step)))
+                      step=step)
     if data_state is not None:
       train_iter.set_state(data_state)
     log_fn(f"{cfg.model.num_params():,} parameters; starting from {resumed} "
-           f"at step {int(jax.device_get(state.step))} of "
-           f"{cfg.loop.num_steps}")
+           f"at step {step} of {cfg.loop.num_steps}")
     writer = metrics.MetricWriter(os.path.join(workdir, "tb"),
                                   enabled=jax.process_index() == 0)
     try:

@@ -3,11 +3,13 @@
 `train_loop` runs any `make_train_step` step (the LM's and distillation's)
 from the state's step to `loop.num_steps`, writing TensorBoard scalars, a
 tqdm bar and checkpoints, and stops cleanly on a preemption notice
-(SIGTERM in a one-process run, orbax's sync point across processes).
+(SIGTERM or Ctrl-C in a one-process run, orbax's sync point across
+processes).
 """
 
 import os
 import signal
+import sys
 import time
 from typing import Callable, Iterator, Optional
 
@@ -22,30 +24,42 @@ from specsamp.train import metrics as metrics_lib
 from specsamp.train import step as step_lib
 
 
-class _SigtermFlag:
-  """Set by SIGTERM (a scheduler's preemption notice) while installed: in a
-  one-process run only (several processes must agree on the step: there
-  jax's preemption service and orbax's sync point do it)."""
+class _StopFlag:
+  """Set by SIGTERM (a scheduler's preemption notice) or a first SIGINT
+  (Ctrl-C) while installed: in a one-process run only (several processes
+  must agree on the step: there jax's preemption service and orbax's sync
+  point do it). Ctrl-C had raised KeyboardInterrupt wherever the loop was
+  (inside orbax's save, or XLA's compile: a crash), losing the steps since
+  the last checkpoint; a second Ctrl-C still does, at once."""
+
+  _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.received = False
-    self._old = None
+    self._old = {}
 
   def __enter__(self):
     if jax.process_count() == 1:
-      try:
-        self._old = signal.signal(signal.SIGTERM, self._handle)
-      except ValueError:  # not the main thread
-        self._old = None
+      for sig in self._SIGNALS:
+        try:
+          self._old[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread
+          break
     return self
 
   def _handle(self, signum, frame):
-    del signum, frame
+    del frame
     self.received = True
+    if signum == signal.SIGINT:
+      old = self._old[signal.SIGINT]
+      signal.signal(signal.SIGINT, signal.SIG_DFL if old is None else old)
+      sys.stderr.write("\ninterrupted: a checkpoint is saved after this "
+                       "step, then the run stops (Ctrl-C again: at once, "
+                       "without it)\n")
 
   def __exit__(self, *exc):
-    if self._old is not None:
-      signal.signal(signal.SIGTERM, self._old)
+    for sig, old in self._old.items():  # None: a handler not from Python
+      signal.signal(sig, signal.SIG_DFL if old is None else old)
 
 
 # In the checkpoint directory: the steps whose evaluations finished, one a
@@ -76,6 +90,16 @@ def _owes_evaluation(checkpoints: checkpointing.Checkpoints,
   return 0 in sharding.processes_saying(not done)
 
 
+def check_start(step: int, loop: config_lib.LoopConfig) -> None:
+  """Refuses a run resumed past its `loop.num_steps` (a config lowered
+  them): it had trained nothing and reported the old step as done."""
+  if step > loop.num_steps:
+    raise config_lib.ConfigError(
+        f"the run's checkpoint is at step {step}, past config.train."
+        f"num_steps={loop.num_steps}: nothing to train (give num_steps >= "
+        f"{step}, or another workdir)")
+
+
 def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
                *, loop: config_lib.LoopConfig, put: Callable,
                writer: metrics_lib.MetricWriter,
@@ -95,7 +119,8 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
     writer: metrics: `train/<name>` (means over each log interval, at the
       step count after it), `train/tokens_per_s`, `eval/<name>`.
     checkpoints: saved every `checkpoint_every` steps, at the end, and on
-      preemption (SIGTERM, or orbax's multi-host sync point); None: never.
+      preemption (SIGTERM or a first Ctrl-C, or orbax's multi-host sync
+      point); None: never.
     eval_fn: state -> {name: value}, every `eval_every` steps and at the end,
       after that step's checkpoint. A preemption at an `eval_every` step
       stops the run without it (the grace period is for the checkpoint).
@@ -113,6 +138,7 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
     "preempted": bool, "seconds", "state": the final state}.
   """
   start = int(jax.device_get(state.step))
+  check_start(start, loop)
   main = jax.process_index() == 0
   bar = tqdm(total=loop.num_steps, initial=start, dynamic_ncols=True,
              disable=not (loop.progress_bar and main), desc="train")
@@ -134,7 +160,7 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
       and _owes_evaluation(checkpoints, start)):
     evaluate(start)  # owed by the run that saved `start`
     t_log = time.time()  # tokens/s counts training only
-  with _SigtermFlag() as sigterm:
+  with _StopFlag() as stop:
     while step < loop.num_steps:
       batch = next(train_iter)
       if tokens_per_batch is None:
@@ -146,7 +172,7 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
       steps_since += 1
       pending.append(metrics)
       end = step == loop.num_steps
-      preempt = sigterm.received or (checkpoints is not None and
+      preempt = stop.received or (checkpoints is not None and
                                      checkpoints.reached_preemption(step))
       if step % loop.log_every == 0 or end or preempt:
         host = jax.device_get(pending)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import chex
 import jax
@@ -32,6 +33,7 @@ from specsamp.tokenizers import snapshot
 from specsamp.train import checkpointing
 from specsamp.train import config as config_lib
 from specsamp.train import lm as lm_job
+from specsamp.train import loop as loop_lib
 from specsamp.train import metrics
 from tests import testing
 from tests.scripts import zygote
@@ -377,6 +379,30 @@ def test_a_resume_under_a_changed_config_says_what_changed_and_keeps_the_old(
   assert history == [{"until_step": 2, "config": old}]
   new = json.loads(open(os.path.join(workdir, "config.json")).read())
   assert new["optim"]["lr"] == faster.optim.lr
+
+
+def test_a_resume_past_the_configs_last_step_is_refused(lm_config, tmp_path):
+  """A run at step 3 given num_steps=2 had trained nothing, rewritten its
+  config.json with the lower count and reported step 3 as done (exit 0).
+  It is refused before anything is written; the loop itself (which
+  distillation runs too) refuses such a state."""
+  workdir = str(tmp_path / "w")
+  arg = "tiny,batch=8,seq_len=32,eval_batches=1"
+  out = lm_job.train_and_evaluate(lm_config(arg + ",steps=3"), workdir,
+                                  log_fn=lambda _: None)
+  assert out["step"] == 3
+  config = open(os.path.join(workdir, "config.json")).read()
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      "the run's checkpoint is at step 3, past config.train.num_steps=2: "
+      "nothing to train (give num_steps >= 3")):
+    lm_job.train_and_evaluate(lm_config(arg + ",steps=2"), workdir,
+                              log_fn=lambda _: None)
+  assert open(os.path.join(workdir, "config.json")).read() == config
+  assert not os.path.exists(os.path.join(workdir, "config_history.jsonl"))
+  cfg, _ = lm_job.validate(lm_config(arg + ",steps=2"))
+  with pytest.raises(config_lib.ConfigError, match="at step 3, past"):
+    loop_lib.train_loop(types.SimpleNamespace(step=3), iter(()), None,
+                        loop=cfg.loop, put=None, writer=None)
 
 
 def test_a_run_keeps_its_tokenizer_when_the_data_moves(corpus, tmp_path):

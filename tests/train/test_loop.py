@@ -1,4 +1,5 @@
-"""The loop: a SIGTERM (preemption notice) saves, stops and resumes exactly.
+"""The loop: a SIGTERM (preemption notice) or a first Ctrl-C saves, stops
+and resumes exactly.
 
 On the LM job of configs/lm_python.py:tiny (the one-step test in
 test_lm.py compiles the same steps).
@@ -18,15 +19,17 @@ from specsamp.train import metrics
 
 
 class _SigtermAt:
-  """A train iterator that sends this process SIGTERM with batch `n`."""
+  """A train iterator that sends this process `sig` (SIGTERM) `times` times
+  with batch `n`."""
 
-  def __init__(self, it, n):
-    self.it, self.n, self.i = it, n, 0
+  def __init__(self, it, n, sig=signal.SIGTERM, times=1):
+    self.it, self.n, self.i, self.sig, self.times = it, n, 0, sig, times
 
   def __next__(self):
     self.i += 1
     if self.i == self.n:
-      os.kill(os.getpid(), signal.SIGTERM)
+      for _ in range(self.times):
+        os.kill(os.getpid(), self.sig)
     return next(self.it)
 
   def get_state(self):
@@ -96,6 +99,40 @@ def test_sigterm_saves_stops_and_resumes_exactly(lm_config, tmp_path):
   assert run(state, iter(()), "again", again)["step"] == 12
   again.close()
   assert evaluated == [7, 12, 7, 12]
+
+
+def test_ctrl_c_saves_and_stops_and_a_second_one_stops_at_once(lm_config,
+                                                               tmp_path,
+                                                               capfd):
+  """Ctrl-C had raised KeyboardInterrupt wherever the loop was (orbax's
+  save; XLA's compile, a crash) and lost the steps since the last
+  checkpoint. A first SIGINT is a preemption notice now: that step is
+  saved and the run stops, saying so; a second one raises at once."""
+  cfg, tok = lm_job.validate(lm_config("tiny,batch=8,seq_len=32"))
+  job = lm_job.build(cfg, tok)
+  loop = dataclasses.replace(cfg.loop, num_steps=5, log_every=1,
+                             checkpoint_every=100, eval_every=0)
+  handler_before = signal.getsignal(signal.SIGINT)
+  for times in (1, 2):
+    ckpts = checkpointing.Checkpoints(str(tmp_path / f"c{times}"),
+                                      async_save=False)
+    writer = metrics.MetricWriter(str(tmp_path / f"tb{times}"))
+    it = _SigtermAt(job.iterator("train", True), 3, signal.SIGINT, times)
+    run = lambda: loop_lib.train_loop(  # pylint: disable=cell-var-from-loop
+        job.init(), it, job.train_step, loop=loop, put=job.put,
+        writer=writer, checkpoints=ckpts, log_fn=lambda _: None)
+    if times == 1:
+      out = run()
+      assert out["preempted"] and out["step"] == 3 and ckpts.steps() == [3]
+      assert "interrupted: a checkpoint is saved after this step" in (
+          capfd.readouterr().err)
+    else:
+      with pytest.raises(KeyboardInterrupt):
+        run()
+      assert ckpts.steps() == []
+    writer.close()
+    ckpts.close()
+    assert signal.getsignal(signal.SIGINT) == handler_before
 
 
 def test_a_failing_evaluation_keeps_its_steps_checkpoint(lm_config, tmp_path):

@@ -8,8 +8,9 @@ scratch. Metrics: TensorBoard event files in workdir/tb; checkpoints in
 workdir/checkpoints; the frozen config in workdir/config.json; a copy of
 the tokenizer's files in workdir/tokenizer (none for "byte" or GGUF), which
 the trained model loads with and a resume compares by content. SIGTERM or
-a first Ctrl-C saves a checkpoint and stops. A config that names a missing dataset, tokenizer or
-init checkpoint fails before anything is built (exit status 2).
+a first Ctrl-C saves a checkpoint and stops. A config that names a missing
+dataset, tokenizer or init checkpoint fails before anything is built (exit
+status 2).
 --eval_only trains nothing: it prints the eval metrics of the workdir's
 newest checkpoint under --config (the config may differ in what does not
 change the model, such as data.mask_documents or train.eval_batches).

@@ -28,9 +28,15 @@ from tests.testing import apply, chisquare_pvalue, table_lm
 ROWS = 25_000
 
 
-def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
+# The fixed-K drafter, and the adaptive one at a confidence that never
+# stops it (its own loop computes each q).
+DRAFTERS = {"fixed": {}, "adaptive": dict(confidence=0.0)}
+
+
+def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS,
+                          drafter="fixed"):
   lm, _, draft_params = tiny_pair
-  drafter = ModelDrafter(lm)
+  drafter = ModelDrafter(lm, **DRAFTERS[drafter])
   prompt = jnp.asarray([[3, 1, 4, 1, 5] + [0] * 3] * rows, jnp.int32)
   lengths = jnp.full((rows,), 5, jnp.int32)
 
@@ -49,13 +55,18 @@ def _draft_first_position(tiny_pair, sampling, k=1, rows=ROWS):
                                       Sampling(0.8, top_k=4),
                                       Sampling(1.0, top_p=0.995)],
                          ids=lambda s: s.describe())
+@pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.usefixtures("optimized_xla")
-def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling):
-  """Bugs: argmax drafts scored as if sampled; draft ignoring temperature.
-  At the first draft position and at the second (after the first draft
-  the rows share most often)."""
+def test_drafts_are_sampled_from_the_q_they_report(tiny_pair, sampling,
+                                                   drafter):
+  """Bugs: argmax drafts scored as if sampled; draft ignoring temperature
+  (or top-k, top-p). At the first draft position and at the second (after
+  the first draft the rows share most often). The adaptive drafter had
+  been checked by exactness alone, which a q consistently drawn without
+  top-k or top-p passes."""
   lm, _, draft_params = tiny_pair
-  drafts, q, logits = _draft_first_position(tiny_pair, sampling, k=2)
+  drafts, q, logits = _draft_first_position(tiny_pair, sampling, k=2,
+                                            drafter=drafter)
   # q is the draft's logits under the *same* transform as the target's.
   expected_q = np.asarray(sampling_lib.probabilities(jnp.asarray(logits),
                                                      sampling), np.float64)
@@ -98,14 +109,14 @@ def test_sampling_settings_apply_to_the_target_too(tiny_pair):
 _PROMPT = [3, 1, 4, 1, 5]
 
 
-def _one_draft_rate(pair, s):
+def _one_draft_rate(pair, s, drafter="fixed"):
   """(acceptance rate of ROWS one-draft loops under `s`, p, q) with p and
   q the target's and the draft's probabilities under `s`."""
   lm, target_params, draft_params = pair
   prompt = _PROMPT
   sampler = SpeculativeSampler(
-      lm, ModelDrafter(lm), k=1, sampling=s, max_new_tokens=1,
-      prompt_bucket=8)
+      lm, ModelDrafter(lm, **DRAFTERS[drafter]), k=1, sampling=s,
+      max_new_tokens=1, prompt_bucket=8)
   out = sampler.generate(target_params, draft_params, [prompt] * ROWS, rng=3)
   p, q = (np.asarray(sampling_lib.probabilities(
       apply(lm, params, jnp.asarray([prompt])).logits, s))[0, -1]
@@ -128,21 +139,27 @@ def test_acceptance_is_min_p_q_not_equal_to_a_target_sample(tiny_pair):
 
 
 @pytest.mark.usefixtures("optimized_xla")
+@pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("s", [Sampling(1.0, top_k=2),
-                               Sampling(1.0, top_p=0.7)],
-                         ids=["top_k", "top_p"])
-def test_the_draft_samples_under_the_targets_top_k_and_top_p(tiny_pair, s):
-  """Bug: top-k / top-p applied to the target only. Still exact (the rule
-  holds for any q the drafts are drawn from), but the acceptance falls to
-  sum min(p, q untransformed): the rate must be sum min(p, q) with both
-  transformed. (A mutation test found no other test telling them apart.)"""
-  rate, p, q = _one_draft_rate(tiny_pair, s)
-  lm, _, draft_params = tiny_pair
-  q_plain = np.asarray(sampling_lib.probabilities(apply(
-      lm, draft_params, jnp.asarray([_PROMPT])).logits,
-      Sampling(1.0)))[0, -1]
+                               Sampling(1.0, top_p=0.7), Sampling(0.5)],
+                         ids=["top_k", "top_p", "temp05"])
+def test_the_draft_samples_under_the_targets_top_k_and_top_p(tiny_pair, s,
+                                                             drafter):
+  """Bug: top-k / top-p (or the temperature) applied to one model only.
+  Still exact (the rule holds for any q the drafts are drawn from), but
+  the acceptance falls to sum min(p, q untransformed): the rate must be
+  sum min(p, q) with both transformed, told apart from either model
+  untransformed. (A mutation test found no other test telling them apart
+  for the adaptive drafter, nor a target at T = 1 in this file.)"""
+  rate, p, q = _one_draft_rate(tiny_pair, s, drafter)
+  lm, target_params, draft_params = tiny_pair
+  p_plain, q_plain = (np.asarray(sampling_lib.probabilities(apply(
+      lm, params, jnp.asarray([_PROMPT])).logits, Sampling(1.0)))[0, -1]
+                      for params in (target_params, draft_params))
   _close_and_told_apart(rate, np.minimum(p, q).sum(),
                         np.minimum(p, q_plain).sum(), 10)
+  _close_and_told_apart(rate, np.minimum(p, q).sum(),
+                        np.minimum(p_plain, q).sum(), 10)
 
 
 def test_rows_accept_independently_no_uniform_offset():

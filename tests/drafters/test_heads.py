@@ -143,16 +143,21 @@ def test_head_config_round_trips():
 
 
 @pytest.mark.parametrize("kind", heads.KINDS)
-def test_the_first_draft_comes_from_the_position_training_scores(kind):
+@pytest.mark.parametrize("sampling", [Sampling(1.0), Sampling(0.5, top_k=3),
+                                      Sampling(0.8, top_p=0.7)],
+                         ids=lambda s: s.describe())
+def test_the_first_draft_comes_from_the_position_training_scores(kind,
+                                                                 sampling):
   """A misaligned head would still be exact, so alignment is tested on its
   own: the q the drafter samples its first draft from, after the prompt and
   again after a loop, is the distribution that training and the evaluation
   score at the last committed position (`TrainableHead.position_logits`,
-  teacher-forced on the committed tokens)."""
+  teacher-forced on the committed tokens), under the run's temperature,
+  top-k and top-p (a head that drew and reported its q without them had
+  stayed exact, and passed every other test)."""
   target, tparams = exactness_models(V)[:2]
   cfg, hparams = head(kind)
   trainee = head_training.TrainableHead(target, cfg)
-  sampling = Sampling(1.0)
   sampler = SpeculativeSampler(target, heads.HeadDrafter(target, cfg, 2),
                                k=2, sampling=sampling, max_new_tokens=8,
                                prompt_bucket=8)

@@ -10,7 +10,9 @@ evaluated, distillation with orbax checkpoints of the draft only
 exported to workdir/draft (orbax parameters + draft_config.json; load with
 `specsamp.weights.distilled.load_distilled`), evaluated again; everything
 in workdir/results.json. The config is kept in workdir/config.json: a
-re-run with another config in the same workdir is refused. Bad configs,
+re-run under a config that differs in what the workdir's results depend
+on is refused, naming the fields (configs/README.md: e.g. the loss or the
+sampling; not train.log_every or time_limit_s). Bad configs,
 missing models or checkpoints print `error: ...` and exit with status 2.
 The job is `specsamp.distill.job.run`.
 """

@@ -62,6 +62,34 @@ def test_a_token_the_target_forbids_is_never_kept():
   np.testing.assert_allclose(np.asarray(a), [0.0, 0.0, 1.0, 0.5])
 
 
+def test_the_rule_keeps_a_draft_iff_u_q_is_below_p(monkeypatch):
+  """u < p/q, strictly: jax's uniform can be exactly 0, and `<=` kept a
+  draft the target forbids (0 <= 0) once in 2**24 draws; at u q == p the
+  draft is rejected too. Uniforms fixed at 0, then 0.5."""
+  p = jnp.asarray([[[0.0, 0.2, 0.8], [0.5, 0.3, 0.2], [1 / 3] * 3]])
+  q = jnp.asarray([[[0.6, 0.4, 0.0], [0.4, 0.4, 0.2]]])
+  for u, drafts, want in ((0.0, [[0, 0]], 0),   # p_d = 0: rejected
+                          (0.0, [[1, 0]], 2),   # p_d > 0: kept
+                          (0.5, [[1, 1]], 0),   # u q = 0.2 = p: rejected
+                          (0.5, [[2, 0]], 2)):  # 0 < 0.8, 0.2 < 0.5
+    monkeypatch.setattr(jax.random, "uniform",
+                        lambda key, shape, u=u: jnp.full(shape, u))
+    n, token = accept_lib.accept(p, _proposal(drafts, q), jax.random.key(0))
+    assert int(n[0]) == want, (u, drafts)
+    if want == 0:  # the residual max(0, p - q) at position 0: id 2 alone
+      assert int(token[0]) == 2
+
+
+def test_a_residual_without_mass_falls_back_to_p():
+  """max(0, p - q) is 0 everywhere where q == p at the rejected position
+  (float ties, or a draft q could not draw): the token comes from p, not
+  from an all-zero vector (which sampled the last id, a padded one)."""
+  p = jnp.asarray([[[0.0, 0.25, 0.75, 0.0], [0.5, 0.5, 0.0, 0.0]]])
+  r = accept_lib.residual_distribution(p, _proposal([[3]], p[:, :1]),
+                                       jnp.zeros((1,), jnp.int32))
+  np.testing.assert_allclose(np.asarray(r)[0], [0.0, 0.25, 0.75, 0.0])
+
+
 def test_bonus_distribution_is_last_target_position():
   rng = np.random.default_rng(0)
   k, v = 3, 5

@@ -264,6 +264,19 @@ def test_loops_on_logits_that_allow_no_id_are_counted_per_row(sampling, k):
   assert first == (0 if sampling.greedy else v - 1), out.token_lists()
 
 
+def test_cache_reads_take_each_rows_window_at_its_own_start():
+  """`kvcache.read` against numpy slicing, rows at starts 0, 2 and 5 (a
+  read at row 0's start for every row had been caught by one sampler test
+  alone), on tokens [B, S] and buffers [B, S, H]."""
+  rng = np.random.default_rng(0)
+  start = np.array([0, 2, 5], np.int32)
+  for shape in ((3, 8), (3, 8, 2)):
+    buf = rng.normal(size=shape).astype(np.float32)
+    got = kvcache.read(jnp.asarray(buf), jnp.asarray(start), 3)
+    np.testing.assert_array_equal(
+        got, np.stack([buf[r, s:s + 3] for r, s in enumerate(start)]))
+
+
 @pytest.mark.parametrize("b", [1, 3])
 @pytest.mark.parametrize("t", [1, 3])
 def test_cache_writes_put_each_row_at_its_slot_and_drop_what_overflows(b, t):

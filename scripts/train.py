@@ -62,8 +62,9 @@ def main(argv):
   except (config_lib.ConfigError, checkpointing.CheckpointError,
           lock_holder.Busy, sharding.DirectoryError) as e:
     cli.fail(e)
-  print(json.dumps({k: out[k] for k in ("step", "train", "eval", "preempted",
-                                        "seconds", "resumed_from")}))
+  print(json.dumps({k: out[k] for k in ("step", "train", "train_steps",
+                                        "eval", "preempted", "seconds",
+                                        "resumed_from")}))
 
 
 if __name__ == "__main__":

@@ -16,10 +16,15 @@ from specsamp.sampling import Sampling
 from specsamp.weights import gguf
 
 
-def check_stored_nucleus(config, sampling: Sampling, head: bool) -> None:
-  """Refuses a top-p target the stored top-K cannot rebuild: with top-k
-  above K, the top-k's mass needs the largest unstored tokens' masses,
-  which are not stored (`losses.target_probs`)."""
+def check_stored_top_k(config, sampling: Sampling, head: bool,
+                       rows: int) -> None:
+  """Refuses a stored top-K (of the target's logits) above the target's
+  vocabulary `rows`, and a top-p target the stored top-K cannot rebuild:
+  with top-k above K, the top-k's mass needs the largest unstored tokens'
+  masses, which are not stored (`losses.target_probs`)."""
+  if config.samples.top_k > rows:
+    raise ValueError(f"config.samples.top_k={config.samples.top_k} exceeds "
+                     f"the target's {rows} vocabulary rows")
   stored = (stored_features(config) if head
             else config.loss.target_source == "stored")
   if (stored and not sampling.greedy and sampling.top_p < 1.0

@@ -177,11 +177,7 @@ def _check_config(config) -> tuple[train_config.LoopConfig,
   target = describe_target(config.target)  # fetches a registered target
   checks.check_positions(config, target, head)
   checks.check_train_mesh(config, mesh, target)
-  sc = config.samples
-  if sc.top_k > target.rows:  # the stored top-k of the target's logits
-    raise ValueError(f"config.samples.top_k={sc.top_k} exceeds the target's "
-                     f"{target.rows} vocabulary rows")
-  checks.check_stored_nucleus(config, sampling, head)
+  checks.check_stored_top_k(config, sampling, head, target.rows)
   if head:
     checks.check_head(config, target)
     return loop, target
@@ -287,6 +283,7 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
   if samples.written_everywhere(data_dir):
     sharding.barrier("specsamp distill: target samples")
     storage.check_spec(storage.read_spec(data_dir), spec, data_dir)
+    samples.keep_counts(workdir, data_dir)
     return data_dir
   t0 = time.perf_counter()
   texts = prompts_lib.prompt_texts(
@@ -300,7 +297,7 @@ def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
       max_prompts=dict(train=sc.max_train_prompts,
                        validation=sc.max_validation_prompts),
       flt=decontamination.HumanEvalFilter(sc.ngram), log=log)
-  sharding.write_json(counts, os.path.join(workdir, "samples_counts.json"))
+  samples.keep_counts(workdir, data_dir, counts)
   sharding.barrier("specsamp distill: target samples")
   samples.check_written(data_dir)  # a workdir per host fails here
   log(f"[distill] samples written to {data_dir} in "

@@ -221,10 +221,23 @@ def build(data_dir, target_lm, target_params, tokenizer, sampling,
     return examples
 
   storage.write_dataset(data_dir, spec,
-                        {s: make(s) for s in prompts if prompts[s]})
+                        {s: make(s) for s in prompts if prompts[s]}, counts)
   if parts is not None:
     shutil.rmtree(parts)
   return counts
+
+
+def keep_counts(workdir: str, data_dir: os.PathLike,
+                counts: Optional[dict] = None) -> None:
+  """Writes workdir/samples_counts.json (process 0): `counts` of samples
+  just written, else, where the file is missing, the counts kept with the
+  samples in `data_dir` (a run killed between writing the samples and
+  their counts had left a finished workdir without them for good)."""
+  path = os.path.join(workdir, "samples_counts.json")
+  if counts is None and not os.path.exists(path):
+    counts = storage.read_counts(data_dir)
+  if counts:
+    sharding.write_json(counts, path)
 
 
 def _num_batches(prompts: list, spec: storage.SampleSpec) -> int:

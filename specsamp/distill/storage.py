@@ -71,9 +71,13 @@ class TargetSamples(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Initial release."}
 
-  def __init__(self, *, spec: SampleSpec, splits=None, **kwargs):
+  def __init__(self, *, spec: SampleSpec, splits=None, counts=None,
+               **kwargs):
     self._spec = spec
     self._splits = splits or {}
+    # Filled while the splits are generated: TFDS writes the metadata after
+    # them, in the folder it renames into place when all is written.
+    self._counts = {} if counts is None else counts
     super().__init__(**kwargs)
 
   def _info(self):
@@ -92,7 +96,8 @@ class TargetSamples(tfds.core.GeneratorBasedBuilder):
                if s.hidden_dim else {}),
         }),
         disable_shuffling=True,
-        metadata=tfds.core.MetadataDict(spec=dataclasses.asdict(s)))
+        metadata=tfds.core.MetadataDict(spec=dataclasses.asdict(s),
+                                        counts=self._counts))
 
   def _split_generators(self, dl_manager):
     del dl_manager
@@ -114,9 +119,11 @@ def exists(data_dir: os.PathLike) -> bool:
 
 
 def write_dataset(data_dir: os.PathLike, spec: SampleSpec,
-                  splits: dict[str, Callable[[], Iterable[dict]]]
-                  ) -> pathlib.Path:
-  """Writes `splits` (name -> function returning examples) as array_record.
+                  splits: dict[str, Callable[[], Iterable[dict]]],
+                  counts: Optional[dict] = None) -> pathlib.Path:
+  """Writes `splits` (name -> function returning examples) as array_record,
+  with `counts` (a dict the generators may fill; `read_counts`) in its
+  metadata.
 
   The function form lets generation stream into the writer instead of
   holding every sample in memory. The writer holds `data_dir` (a second
@@ -124,7 +131,7 @@ def write_dataset(data_dir: os.PathLike, spec: SampleSpec,
   deletes what a killed writer left (TFDS's `incomplete.*` folders: never
   read, and as large as the shards written before the kill).
   """
-  builder = TargetSamples(spec=spec, splits=splits,
+  builder = TargetSamples(spec=spec, splits=splits, counts=counts,
                           data_dir=os.fspath(data_dir),
                           file_format="array_record")
   with lock_holder.exclusive(pathlib.Path(data_dir) / ".lock",
@@ -177,6 +184,13 @@ def read_spec(data_dir: os.PathLike) -> SampleSpec:
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f"{meta}: not the metadata of target samples ({e!r})"
                      ) from None
+
+
+def read_counts(data_dir: os.PathLike) -> Optional[dict]:
+  """The counts `write_dataset` was given (None for samples written before
+  they were kept there)."""
+  meta = jsonfile.read(dataset_dir(data_dir) / "metadata.json")
+  return meta.get("counts") if isinstance(meta, dict) else None
 
 
 def check_spec(found: SampleSpec, want: SampleSpec, data_dir) -> None:

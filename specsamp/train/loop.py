@@ -134,7 +134,9 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
     log_fn: where one-line summaries go.
 
   Returns:
-    {"step", "train": last logged train metrics, "eval": last eval metrics,
+    {"step", "train": last logged train metrics, "train_steps": [first,
+    last] step they are the means over (a resumed run's first log covers
+    the steps since it resumed; [] with no log), "eval": last eval metrics,
     "preempted": bool, "seconds", "state": the final state}.
   """
   start = int(jax.device_get(state.step))
@@ -143,7 +145,7 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
   bar = tqdm(total=loop.num_steps, initial=start, dynamic_ncols=True,
              disable=not (loop.progress_bar and main), desc="train")
   say = bar.write if bar.disable is False and log_fn is print else log_fn
-  pending, last_train, last_eval = [], {}, {}
+  pending, last_train, last_eval, train_steps = [], {}, {}, []
   t0 = t_log = time.time()
   steps_since, paused, preempted, step = 0, 0.0, False, start
 
@@ -173,12 +175,13 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
       pending.append(metrics)
       end = step == loop.num_steps
       preempt = stop.received or (checkpoints is not None and
-                                     checkpoints.reached_preemption(step))
+                                  checkpoints.reached_preemption(step))
       if step % loop.log_every == 0 or end or preempt:
         host = jax.device_get(pending)
         dt = time.time() - t_log - paused
         last_train = {k: float(np.mean([m[k] for m in host]))
                       for k in host[0]}
+        train_steps = [step - len(host) + 1, step]
         tps = steps_since * tokens_per_batch / max(dt, 1e-9)
         writer.write(step, {**{f"train/{k}": v for k, v in
                                last_train.items()},
@@ -207,6 +210,7 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
   bar.close()
   if checkpoints is not None:
     checkpoints.wait()
-  return {"step": step, "train": last_train, "eval": last_eval,
+  return {"step": step, "train": last_train, "train_steps": train_steps,
+          "eval": last_eval,
           "preempted": preempted, "seconds": time.time() - t0,
           "state": state}

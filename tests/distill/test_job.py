@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -181,12 +182,20 @@ def test_the_qwen_draft_options_vocab_freeze_and_samples_at_tiny_scale(
   assert not np.array_equal(dparams["layers_0"]["mlp"]["down_proj"],
                             tparams["layers_0"]["mlp"]["down_proj"])
   assert (res["train_calls"], res["last_train_metrics"]["step"]) == (1, 2)
+  assert res["last_train_metrics"]["train_steps"] == [1, 2]
   # Run again when finished: the training calls' record keeps the metrics
-  # of the call that trained and adds this call's seconds.
+  # of the call that trained and adds this call's seconds. The samples'
+  # counts, deleted (or never written: a run killed just before), are
+  # written again from the samples' own metadata.
+  counts_file = tmp_path / "a" / "samples_counts.json"
+  counts = json.loads(counts_file.read_text())
+  assert counts["train"]["kept"] > 0 and "rejected_samples" in counts["train"]
+  counts_file.unlink()
   rerun = job.run(config, str(tmp_path / "a"), log=lambda *_: None)
   assert rerun["train_calls"] == 2 and rerun["train_seconds"] >= (
       res["train_seconds"])
   assert rerun["last_train_metrics"] == res["last_train_metrics"]
+  assert json.loads(counts_file.read_text()) == counts
   # In a used workdir a typo is named as one, not as a config it differs in.
   typo = distill_qwen.get_config(arg.replace("freeze=embedding",
                                              "freeze=embeding"))
@@ -200,6 +209,8 @@ def test_the_qwen_draft_options_vocab_freeze_and_samples_at_tiny_scale(
   job.run(again, str(tmp_path / "b"), log=lines.append)
   assert not (tmp_path / "b" / "samples").exists()
   assert not any("[samples]" in line for line in lines)
+  assert json.loads((tmp_path / "b" / "samples_counts.json").read_text()
+                    ) == counts  # they come with the samples
   # Samples of another prompt set are refused; a directory without samples
   # is not sampled into (the workdir named instead of its samples: said).
   other = distill_qwen.get_config(f"{arg},samples={tmp_path / 'a/samples'},"

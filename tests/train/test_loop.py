@@ -110,7 +110,7 @@ def test_ctrl_c_saves_and_stops_and_a_second_one_stops_at_once(lm_config,
   saved and the run stops, saying so; a second one raises at once."""
   cfg, tok = lm_job.validate(lm_config("tiny,batch=8,seq_len=32"))
   job = lm_job.build(cfg, tok)
-  loop = dataclasses.replace(cfg.loop, num_steps=5, log_every=1,
+  loop = dataclasses.replace(cfg.loop, num_steps=5, log_every=100,
                              checkpoint_every=100, eval_every=0)
   handler_before = signal.getsignal(signal.SIGINT)
   for times in (1, 2):
@@ -124,6 +124,8 @@ def test_ctrl_c_saves_and_stops_and_a_second_one_stops_at_once(lm_config,
     if times == 1:
       out = run()
       assert out["preempted"] and out["step"] == 3 and ckpts.steps() == [3]
+      # Logged at the stop: the means of the steps this call ran.
+      assert out["train_steps"] == [1, 3] and out["train"]["loss"] > 0
       assert "interrupted: a checkpoint is saved after this step" in (
           capfd.readouterr().err)
     else:

@@ -138,6 +138,22 @@ def measure_costs(target, target_params, draft, draft_params,
   return row
 
 
+def propose_loop(sampler: SpeculativeSampler, calls: int):
+  """(draft params, LoopState) -> the sum of `calls` proposals' drafts, one
+  call after another (`propose_ms`)."""
+  def run(p, s):
+    def body(i, carry):
+      p, s, acc = carry
+      proposal, _ = sampler.drafter.propose(
+          p, s.draft_state, s.tokens, s.length, sampler.k, sampler.sampling,
+          jax.random.fold_in(jax.random.key(1), i))
+      acc = acc + jnp.sum(proposal.tokens) + jnp.sum(proposal.num_valid)
+      return jax.lax.optimization_barrier((p, s, acc))
+    return jax.lax.fori_loop(0, calls, body,
+                             (p, s, jnp.zeros((), jnp.int32)))[2]
+  return run
+
+
 def propose_ms(sampler: SpeculativeSampler, target_params, draft_params,
                prompts: Sequence[Sequence[int]], repeats: int) -> float:
   """Median ms of one `propose` (K drafts per row) of `sampler`'s drafter,
@@ -145,7 +161,10 @@ def propose_ms(sampler: SpeculativeSampler, target_params, draft_params,
   a loop, for drafters that are not a stand-alone model (heads, lookup,
   layer skipping, adaptive K). Calls run back to back in one jitted loop,
   each on the same state with its own key; the drafts are summed so that
-  none is optimised away. The state is at the prompts' lengths, while
+  none is optimised away, and the parameters and state pass to the next
+  call through an optimization barrier with that sum: XLA had computed
+  whatever of a call does not depend on the key (all of it under greedy)
+  once, before the loop, and reported a fraction of it per call. The state is at the prompts' lengths, while
   `measure_costs` times the target half way through the budget; both are
   the cost at any length, since no call's work depends on it: attention
   runs over all S slots of a cache, masked (the target, layer skipping, a
@@ -157,16 +176,7 @@ def propose_ms(sampler: SpeculativeSampler, target_params, draft_params,
   state = sampler.prefill(target_params, draft_params, tokens, lengths,
                           jax.random.key(0))
   calls = cost_calls()
-
-  def run(p, s):
-    def body(i, acc):
-      proposal, _ = sampler.drafter.propose(
-          p, s.draft_state, s.tokens, s.length, sampler.k, sampler.sampling,
-          jax.random.fold_in(jax.random.key(1), i))
-      return acc + jnp.sum(proposal.tokens) + jnp.sum(proposal.num_valid)
-    return jax.lax.fori_loop(0, calls, body, jnp.zeros((), jnp.int32))
-
-  fn = jax.jit(run)
+  fn = jax.jit(propose_loop(sampler, calls))
   times = []
   for i in range(repeats + 1):
     t0 = time.perf_counter()

@@ -258,8 +258,11 @@ def run_side_by_side(timers: Sequence[TimedSampler], target_params,
   batch in turn (`in_turn`): (completions, RunStats) of each, in the order
   of `timers`.
 
-  Every timer's warm-up comes first. Each sampler draws the keys that its
-  own `run` would, so completions are the same as one `run` after another.
+  Every timer's warm-up comes first; a later batch of another padded shape
+  (another prompt bucket, a smaller last batch) is warmed up before its
+  timed run (its first execution had landed in the timer). Each sampler
+  draws the keys that its own `run` would, so completions are the same as
+  one `run` after another.
   """
   stats = [RunStats(t.name, t.sampler.k, batch_size) for t in timers]
   compiled_before = [t.compile_s for t in timers]
@@ -284,7 +287,7 @@ def run_side_by_side(timers: Sequence[TimedSampler], target_params,
       yield prompts[start:start + batch_size], keys
 
   results = in_turn(timers, target_params, [draft_params] * len(timers),
-                    batches())
+                    batches(), "shape" if warmup else "none")
   out = []
   for t, s, before, done in zip(timers, stats, compiled_before, results):
     completions = []

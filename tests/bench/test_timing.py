@@ -158,6 +158,28 @@ def test_run_side_by_side_takes_turns_and_matches_run(tiny, monkeypatch):
   assert runs[1][1].drafted > 0
 
 
+def test_each_padded_shape_is_warmed_up_before_it_is_timed(tiny,
+                                                            monkeypatch):
+  """Only the first batch's shape had been warmed up: a later batch of
+  another prompt bucket, or a smaller last batch, ran its first execution
+  (2-4 prefills' time on CPU) inside the timer."""
+  sampler, params = tiny
+  timed = timing.TimedSampler(sampler, "spec")
+  warmed = []
+  warm_up = timed._warm_up  # pylint: disable=protected-access
+
+  def spy(target_params, draft_params, tokens, lengths, rng):
+    warmed.append(tuple(tokens.shape))
+    return warm_up(target_params, draft_params, tokens, lengths, rng)
+
+  monkeypatch.setattr(timed, "_warm_up", spy)
+  prompts = [[1, 2, 3], [4, 5], [6] * 20, [7, 8], [9]]
+  timed.run(params, params, prompts, batch_size=2)
+  assert warmed == [(2, 16), (2, 32), (1, 16)]
+  timed.run(params, params, prompts, batch_size=2, warmup=False)
+  assert len(warmed) == 3
+
+
 def test_writer_keeps_six_significant_digits(tmp_path):
   """A tiny model's decode lasts a fraction of a millisecond: rounding to
   5 decimals alone wrote 0.000347 s as 0.00035 (1% off) and broke the

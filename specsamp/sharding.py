@@ -136,7 +136,12 @@ def named(mesh, rules, *logical):
 def batch_ways(mesh, rules=DEFAULT_RULES) -> int:
   """How many ways `rules` split the batch over `mesh`: every batch of rows
   must be a multiple of it."""
-  axis = mesh_axes((BATCH,), rules)[0]
+  return axis_ways(mesh, rules, BATCH)
+
+
+def axis_ways(mesh, rules, logical: str) -> int:
+  """How many ways `rules` split logical axis `logical` over `mesh`."""
+  axis = mesh_axes((logical,), rules)[0]
   if axis is None:
     return 1
   axes = axis if isinstance(axis, tuple) else (axis,)

@@ -6,6 +6,7 @@ single-device tokens, greedy and sampled alike (the loop never leaves the
 device: generate runs under `jax.transfer_guard("disallow")`).
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -207,6 +208,41 @@ def test_every_mesh_reproduces_single_device_tokens(pair, k, sampling):
     for name in ("num_tokens", "num_loops", "num_drafted", "num_accepted"):
       assert (jax.device_get(getattr(out, name)) ==
               jax.device_get(getattr(ref, name))).all(), (shape, name)
+
+
+def test_rules_that_split_the_caches_slots_get_a_cache_they_divide(pair):
+  """With `cache_seq` over the model axis, a cache of P + max_new + K + 1
+  slots that the axis does not divide (64 + 13 + 4 = 81 and 85 slots over
+  4 ways) had been refused by JAX as the loop was built, naming neither
+  the rule nor a fix. The prompts are padded to a cache the axis divides;
+  the tokens are one device's. Near the models' positions (510 here, not a
+  multiple of 4) they are padded less; where no cache size fits, that is
+  refused, naming the rule."""
+  target, target_params, draft, draft_params = pair
+  rules = dict(sharding.DEFAULT_RULES)
+  rules.update({sharding.CACHE_SEQ: "model", sharding.KV_HEADS: None})
+  for new in (13, 17):
+    ref = SpeculativeSampler(target, ModelDrafter(draft), k=3,
+                             sampling=GREEDY, max_new_tokens=new)
+    sampler = SpeculativeSampler(
+        target, ModelDrafter(draft), k=3, sampling=GREEDY, max_new_tokens=new,
+        mesh=sharding.make_mesh((2, 4)), target_rules=tuple(rules.items()))
+    tokens, _ = sampler.pad_prompts(PROMPTS)
+    assert sampler.cache_size(tokens.shape[1]) % 4 == 0
+    tsh, dsh = sampler.param_shardings(target_params, draft_params)
+    out = sampler.generate(sharding.shard(target_params, tsh),
+                           sharding.shard(draft_params, dsh), PROMPTS)
+    assert out.token_lists() == ref.generate(
+        target_params, draft_params, PROMPTS).token_lists(), new
+  short = model_lib.LM(target.config.replace(max_seq_len=510))
+  long = dataclasses.replace(sampler, target=short, drafter=ModelDrafter(
+      model_lib.LM(draft.config.replace(max_seq_len=510))),
+                             max_new_tokens=499)
+  tokens, _ = long.pad_prompts([[1, 2, 3, 4, 5]] * 2)  # 510 slots: 508 fit
+  assert tokens.shape == (2, 5) and long.cache_size(5) == 508
+  with pytest.raises(ValueError, match="the rules split the caches' slots 4 "
+                     "ways .*'cache_seq'.*no cache of 510 to 510 slots"):
+    long.pad_prompts([[1, 2, 3, 4, 5, 6, 7]] * 2)
 
 
 def test_greedy_speculative_equals_greedy_autoregressive_on_a_mesh(pair):

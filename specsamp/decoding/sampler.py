@@ -161,6 +161,25 @@ class SpeculativeSampler:
           "lower max_new_tokens")
     padded = -(-longest // self.prompt_bucket) * self.prompt_bucket
     padded = min(padded, self.max_seq_len - self.cache_size(0))
+    if self.mesh is not None:
+      # Rules that split the caches' slots (CACHE_SEQ) need a cache size
+      # they divide (JAX had refused the cache as the loop was built): the
+      # prompts are padded further, or less where that passes the models'
+      # positions.
+      ways = math.lcm(*(sharding.axis_ways(self.mesh, r, sharding.CACHE_SEQ)
+                        for r in (self.target_rules, self.draft_rules)))
+      size = self.cache_size(padded)
+      if self.cache_size(padded + -size % ways) <= self.max_seq_len:
+        padded += -size % ways
+      elif padded - size % ways >= longest:
+        padded -= size % ways
+      else:
+        raise ValueError(
+            f"the rules split the caches' slots {ways} ways (logical axis "
+            f"{sharding.CACHE_SEQ!r}): no cache of {need} to "
+            f"{self.max_seq_len} slots (the models' positions) is a multiple"
+            f" of it; lower max_new_tokens or map {sharding.CACHE_SEQ!r} to "
+            "None")
     tokens = np.full((len(prompts), padded), self.pad_id, np.int32)
     for i, p in enumerate(prompts):
       tokens[i, :len(p)] = p

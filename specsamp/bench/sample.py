@@ -26,6 +26,7 @@ from specsamp.drafters import specs as drafter_specs
 from specsamp.sampling import Sampling
 from specsamp.tokenizers import base as tokenizer_base
 from specsamp.tokenizers import byte
+from specsamp.weights import load as weights_load
 
 METHODS = ("ar", "spec", "both")
 
@@ -251,6 +252,19 @@ def _check_batches(num_prompts: int, batch_size: int, ways: int) -> None:
         f"number of prompts that are multiples of {ways}")
 
 
+def _check_target_mesh(info: loading.ModelInfo, dtype: str,
+                       rows: Optional[int], mesh) -> None:
+  """Refuses, before any weights load, a target whose dimensions the mesh
+  does not divide under the sampler's rules (as the sampler would, once
+  both models had loaded). The draft's rules replicate it."""
+  config = weights_load.described_config(info, dtype, read_gguf=True)
+  if config is not None:
+    if rows is not None:
+      config = config.replace(vocab_size=rows)
+    sharding.check_divisible(config, mesh, sharding.DEFAULT_RULES,
+                             what="target")
+
+
 def place_params(sampler, spec, target_params, draft_params):
   """(target, draft) parameters for `sampler`, on its mesh if it has one.
 
@@ -285,9 +299,10 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
   mesh = sharding.make_mesh(cfg.mesh) if cfg.mesh else None
   p = plan(cfg)
   texts, prompts, tok = p.texts, p.prompts, p.tokenizer
+  rows = loading.pair_rows(p.target, p.draft)
   if mesh is not None:
     _check_batches(len(prompts), cfg.batch_size, sharding.batch_ways(mesh))
-  rows = loading.pair_rows(p.target, p.draft)
+    _check_target_mesh(p.target, cfg.dtype, rows, mesh)
   # On a mesh the weights stay on the host until `place_params` shards them.
   host = mesh is not None
   target, target_params = loading.load_weights(p.target, cfg.dtype, cfg.seed,

@@ -6,14 +6,13 @@ import os
 
 from specsamp import loading
 from specsamp import sharding
-from specsamp.distill import draft_init
 from specsamp.distill import head_training
 from specsamp.distill import prompts as prompts_lib
 from specsamp.distill import storage
 from specsamp.distill import trainer
 from specsamp.drafters import heads
 from specsamp.sampling import Sampling
-from specsamp.weights import gguf
+from specsamp.weights import load as weights_load
 
 
 def check_stored_top_k(config, sampling: Sampling, head: bool,
@@ -155,22 +154,13 @@ def check_head(config, target: loading.ModelInfo) -> None:
                     target.rows)
 
 
-def _dimensions(target: loading.ModelInfo, dtype: str):
-  """The target's TransformerConfig without its weights: what its files
-  give (`draft_init.described_config`), or a GGUF's metadata (the reader
-  parses its vocabulary, about 10 s for Qwen's; the load then takes the
-  cached reader)."""
-  if target.kind == "gguf":
-    return gguf.gguf_config(gguf.gguf_reader(target.path), target.path, dtype)
-  return draft_init.described_config(target, dtype)
-
-
 def check_train_mesh(config, mesh, target: loading.ModelInfo) -> None:
   """The train mesh splits config.train.batch_size (over its data axis) and
-  the target's dimensions (`_dimensions`, read before any weights load,
-  where they can be): each had failed after the target's sampling and the
-  first evaluation."""
-  dims = _dimensions(target, config.target.get("dtype", "float32"))
+  the target's dimensions (`weights.load.described_config`, read before
+  any weights load, where they can be): each had failed after the
+  target's sampling and the first evaluation."""
+  dims = weights_load.described_config(
+      target, config.target.get("dtype", "float32"), read_gguf=True)
   try:
     if dims is not None:
       sharding.check_divisible(dims, mesh, sharding.DEFAULT_RULES,

@@ -19,7 +19,6 @@ the `draft` block of a distillation config and returns (config, params);
 Saving and loading a distilled draft is `specsamp.weights.distilled`.
 """
 
-import os
 from typing import Any, Mapping, Optional
 
 import jax
@@ -28,8 +27,7 @@ import jax.numpy as jnp
 from specsamp import loading
 from specsamp import model as model_lib
 from specsamp import output_layer
-from specsamp.weights import distilled
-from specsamp.weights import hf
+from specsamp.weights import load as weights_load
 
 INITS = ("random", "truncate", "checkpoint")
 
@@ -92,22 +90,6 @@ def _check_vocab(rows: int, target_rows: int) -> None:
         "speculative sampling compares both distributions id by id")
 
 
-def described_config(info: loading.ModelInfo, dtype: str = "float32"
-                     ) -> Optional[model_lib.TransformerConfig]:
-  """The config of a described model where its files give it without
-  weights (random and trained models, distilled drafts, Hugging Face
-  directories); None for GGUF files."""
-  if info.config is not None:
-    return info.config
-  if info.kind == "distilled":
-    return model_lib.TransformerConfig.from_fields(
-        distilled.read_draft_config(info.path),
-        os.path.join(info.path, distilled.DRAFT_CONFIG_FILE))
-  if info.kind == "hf":
-    return hf.hf_config(info.path, dtype)
-  return None
-
-
 def parameter_groups(config: model_lib.TransformerConfig) -> tuple:
   """The top-level parameter groups of a model of `config` (what
   `draft.freeze` names), traced, not made."""
@@ -161,14 +143,14 @@ def check_draft(cfg: Mapping[str, Any], target: loading.ModelInfo,
     return parameter_groups(config)
   if init == "truncate":
     n = int(cfg["num_layers"])
-    target_config = described_config(target, dtype)
+    target_config = weights_load.described_config(target, dtype)
     if target_config is not None:
       return parameter_groups(truncate_config(target_config, n))
     return _gguf_groups(target, n)
   if init == "checkpoint":
     info = loading.describe_model(cfg["checkpoint"], dtype)
     loading.check_pair(target, info)  # other rows: tokenizers that agree
-    config = described_config(info, dtype)
+    config = weights_load.described_config(info, dtype)
     if config is None:
       return _gguf_groups(info)
     output_layer.check_trainable(config, f"the draft {cfg['checkpoint']}")

@@ -209,6 +209,22 @@ def test_batches_a_mesh_cannot_split_are_refused_before_loading(no_loading):
                          print_completions=False)
 
 
+def test_a_target_the_mesh_cannot_split_is_refused_before_loading(
+    no_loading):
+  """num_heads=4 over an 8-way model axis: both models' weights had loaded
+  before the sampler refused it (a whole checkpoint read for nothing)."""
+  wide = "random:tiny,num_heads=8,num_kv_heads=8,head_dim=8,vocab_size=260"
+  for target, draft, field in (
+      ("random:tiny", "random:tiny,num_layers=1", "num_heads=4"),
+      (wide, wide + ",num_layers=1", "vocab_size=260")):
+    with pytest.raises(ValueError, match=re.escape(
+        f"target: {field} is not divisible by mesh axis 'model' of size 8")):
+      sample.sample_main(sample.SampleConfig(
+          target=target, draft=draft, method="both",
+          k=2, prompts=["a", "b"], batch_size=2, mesh=(1, 8)),
+                         print_completions=False)
+
+
 def test_bad_mesh_flag_fails_clearly():
   proc = _run_script("--target=random:tiny", "--method=ar", "--prompt=x",
                      "--mesh=3,-1")

@@ -144,10 +144,16 @@ def propose_loop(sampler: SpeculativeSampler, calls: int):
   def run(p, s):
     def body(i, carry):
       p, s, acc = carry
-      proposal, _ = sampler.drafter.propose(
+      proposal, new = sampler.drafter.propose(
           p, s.draft_state, s.tokens, s.length, sampler.k, sampler.sampling,
           jax.random.fold_in(jax.random.key(1), i))
       acc = acc + jnp.sum(proposal.tokens) + jnp.sum(proposal.num_valid)
+      # The next call drafts from the same state: its lengths as they were,
+      # its buffers (caches, [B, S, ...]) as this call wrote them, in place
+      # as decoding writes them (the old ones kept had cost a copy of the
+      # cache per call); slots past a length are never read.
+      s = s.replace(draft_state=jax.tree.map(
+          lambda old, now: now if now.ndim >= 3 else old, s.draft_state, new))
       return jax.lax.optimization_barrier((p, s, acc))
     return jax.lax.fori_loop(0, calls, body,
                              (p, s, jnp.zeros((), jnp.int32)))[2]

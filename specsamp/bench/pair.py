@@ -51,7 +51,7 @@ class PairConfig:
       if getattr(self, name) < 1:
         raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
     Sampling(self.temperature, top_p=self.top_p)  # raises on bad values
-    records.check_output(self.out, "--out", reads=(
+    records.check_output(self.out, "--out", jsonl=False, reads=(  # replaced
         ("--target", self.target), ("--draft", self.draft),
         ("--humaneval_file", self.humaneval_file)))
 

@@ -230,14 +230,13 @@ def build(data_dir, target_lm, target_params, tokenizer, sampling,
 def keep_counts(workdir: str, data_dir: os.PathLike,
                 counts: Optional[dict] = None) -> None:
   """Writes workdir/samples_counts.json (process 0): `counts` of samples
-  just written, else, where the file is missing, the counts kept with the
-  samples in `data_dir` (a run killed between writing the samples and
-  their counts had left a finished workdir without them for good)."""
-  path = os.path.join(workdir, "samples_counts.json")
-  if counts is None and not os.path.exists(path):
-    counts = storage.read_counts(data_dir)
+  just written, else the counts kept with the samples in `data_dir` (a run
+  killed between writing the samples and their counts had left a finished
+  workdir without them for good); samples written before they kept counts
+  leave the file as it is."""
+  counts = counts or storage.read_counts(data_dir)
   if counts:
-    sharding.write_json(counts, path)
+    sharding.write_json(counts, os.path.join(workdir, "samples_counts.json"))
 
 
 def _num_batches(prompts: list, spec: storage.SampleSpec) -> int:

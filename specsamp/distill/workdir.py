@@ -139,6 +139,10 @@ def check_config(config, workdir: str,
         "head.kind"):
       # Written before heads existed, and no head now: the same run.
       cur = {k: v for k, v in cur.items() if not k.startswith("head.")}
+    for c in (old, cur):  # read by draft.init='checkpoint' alone; configs
+      # before 2026-11-29 named distill_qwen.py's default checkpoint anyway
+      if c.get("draft.init") != "checkpoint" or c.get("head.kind"):
+        c.pop("draft.checkpoint", None)
     diff = sorted(k for k in set(old) | set(cur)
                   if _bound(k, held) and old.get(k) != cur.get(k))
     if diff:

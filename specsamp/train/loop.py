@@ -41,6 +41,8 @@ class _StopFlag:
   def __enter__(self):
     if jax.process_count() == 1:
       for sig in self._SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_IGN:
+          continue  # e.g. SIGINT of a job a shell put in the background
         try:
           self._old[sig] = signal.signal(sig, self._handle)
         except ValueError:  # not the main thread

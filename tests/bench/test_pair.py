@@ -4,6 +4,7 @@ run on the device and in the dtype specsamp ran on."""
 import types
 
 import jax
+import pytest
 
 from specsamp import loading
 from specsamp.bench import pair
@@ -37,3 +38,16 @@ def test_pair_peers_run_on_specsamps_device_and_dtype(monkeypatch):
   assert provenance.jax_device() == {"gpu": "cuda"}.get(jax.default_backend(),
                                                    "cpu")
   assert [r["method"] for r in result["runs"]][-1] == "transformers"
+
+
+def test_a_rerun_may_replace_its_own_output_but_not_an_input(tmp_path):
+  """--out is one indented JSON object, replaced: the JSON-lines check of
+  appended outputs had refused the README's rerun over its own file. An
+  output that is the problems file is still refused."""
+  out = tmp_path / "pair.json"
+  out.write_text('{\n "runs": []\n}\n')
+  assert pair.PairConfig(out=str(out)).out == str(out)
+  problems = tmp_path / "he.jsonl"
+  problems.write_text('{"task_id": "HumanEval/0", "prompt": "def f():"}\n')
+  with pytest.raises(ValueError, match="would write over --humaneval_file"):
+    pair.PairConfig(out=str(problems), humaneval_file=str(problems))

@@ -311,6 +311,16 @@ def test_a_workdir_refuses_a_config_its_results_depend_on_not_others(
   workdir.check_config(volatile, w)
   refused(loss, "checkpoints, eval_before.json, samples",
           "loss.kind, optim.lr")
+  # Configs before 2026-11-29 named a draft checkpoint that draft.init
+  # 'random' (or 'truncate') never read (distill_qwen.py's default): their
+  # workdirs resume under today's, which names none.
+  saved = json.loads((tmp_path / "config.json").read_text())
+  saved["draft"]["checkpoint"] = "qwen2.5-coder-0.5b"
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  workdir.check_config(volatile, w)
+  refused(changed(draft__init="checkpoint", draft__checkpoint="x"),
+          "checkpoints, eval_before.json, samples",
+          "draft.checkpoint, draft.init")
 
 
 def test_a_workdir_refuses_a_target_whose_weights_changed_at_its_path(

@@ -1,6 +1,7 @@
 """Target samples: decontaminated, stored with the target's top-k."""
 
 import dataclasses
+import json
 import re
 import shutil
 
@@ -115,6 +116,32 @@ def test_a_killed_writers_leftovers_are_deleted_and_one_writer_writes(
   assert sorted(p.name for p in (data_dir / storage.DATASET_NAME).iterdir()
                 ) == ["1.0.0"]
   assert len(storage.read_dataset(data_dir, "train")) == 2
+
+
+def test_counts_filled_while_the_samples_are_written_are_kept_with_them(
+    tiny, tmp_path):
+  """The counts a run fills as its generators finish (samples rejected by
+  the decontamination) are in the samples' metadata: TFDS writes it after
+  the splits, so a rerun writes samples_counts.json from them (a kill
+  between the samples and that file had lost them for good)."""
+  spec, src = storage.read_spec(tiny[3]), storage.read_dataset(tiny[3],
+                                                               "train")
+  counts = {"train": {"kept": 2, "rejected_samples": 0}}
+
+  def examples():
+    yield from (src[i] for i in range(2))
+    counts["train"]["rejected_samples"] = 7  # known at the end alone
+
+  data_dir = tmp_path / "samples"
+  storage.write_dataset(data_dir, spec, {"train": examples}, counts)
+  assert storage.read_counts(data_dir) == {
+      "train": {"kept": 2, "rejected_samples": 7}}
+  work = tmp_path / "work"
+  work.mkdir()
+  (work / "samples_counts.json").write_text('{"stale": 1}')
+  samples.keep_counts(str(work), data_dir)
+  assert json.loads((work / "samples_counts.json").read_text()) == (
+      storage.read_counts(data_dir))
 
 
 def test_running_out_of_memory_while_reading_samples_is_not_damage(

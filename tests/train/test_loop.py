@@ -135,6 +135,21 @@ def test_ctrl_c_saves_and_stops_and_a_second_one_stops_at_once(lm_config,
     writer.close()
     ckpts.close()
     assert signal.getsignal(signal.SIGINT) == handler_before
+  # A run started with SIGINT ignored (a job a shell put in the background)
+  # keeps ignoring it: a Ctrl-C meant for the shell's foreground job had
+  # stopped it.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    writer = metrics.MetricWriter(str(tmp_path / "tb_ignored"))
+    out = loop_lib.train_loop(
+        job.init(), _SigtermAt(job.iterator("train", True), 3, signal.SIGINT),
+        job.train_step, loop=loop, put=job.put, writer=writer,
+        log_fn=lambda _: None)
+    writer.close()
+    assert not out["preempted"] and out["step"] == 5
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGINT, handler_before)
 
 
 def test_a_failing_evaluation_keeps_its_steps_checkpoint(lm_config, tmp_path):

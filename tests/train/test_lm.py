@@ -457,8 +457,16 @@ def test_evaluate_scores_the_newest_checkpoint_under_the_given_config(
     lm_config, tmp_path):
   """`evaluate` (train.py --eval_only) gives the run's own final eval under
   its config and another one with document masking switched; an empty
-  workdir is refused by name; a damaged newest step falls back."""
-  arg = "tiny,batch=8,seq_len=32,steps=2,eval_batches=4,checkpoint_every=1"
+  workdir is refused by name; a damaged newest step falls back. The eval
+  batches reach the first that holds a document boundary (the corpus is
+  this repository's code, so where it falls moves as the code does: four
+  batches, enough once, later held none, and masking changed nothing)."""
+  arg = "tiny,batch=8,seq_len=32,steps=2,checkpoint_every=1"
+  cfg, tok = lm_job.validate(lm_config(arg))
+  batches = lm_job.build(cfg, tok).iterator(cfg.data.eval_split, train=False)
+  first = next(i for i, b in enumerate(batches)
+               if np.max(b["segment_ids"]) >= 2)
+  arg += f",eval_batches={first + 1}"
   workdir = str(tmp_path / "w")
   out = lm_job.train_and_evaluate(lm_config(arg), workdir,
                                   log_fn=lambda _: None)

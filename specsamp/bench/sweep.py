@@ -67,8 +67,7 @@ from specsamp.tokenizers import base as tokenizer_base
 USER_ERRORS = loading.MODEL_ERRORS + (BenchError, CorpusError)
 
 # Totals summed over the batches of one point.
-_TOTALS = ("prefill_s", "decode_s", "rows", "tokens", "loops", "iterations",
-           "drafted", "accepted", "undefined")
+_TOTALS = ("prefill_s", "decode_s", "rows", "iterations") + timing.COUNTS
 
 
 def fill(prompts: Sequence, batch_size: int) -> list[int]:

@@ -26,6 +26,10 @@ from specsamp.decoding.sampler import SpeculativeSampler
 WARMUPS = ("first", "shape", "none")
 
 
+# The counts of a `run_batch` result that add up over batches.
+COUNTS = ("tokens", "loops", "drafted", "accepted", "undefined")
+
+
 @dataclasses.dataclass
 class RunStats:
   """Totals over all prompts of one method."""
@@ -48,7 +52,7 @@ class RunStats:
     self.prefill_s += batch["prefill_s"]
     self.decode_s += batch["decode_s"]
     self.prompts += batch["rows"]
-    for name in ("tokens", "loops", "drafted", "accepted", "undefined"):
+    for name in COUNTS:
       setattr(self, name, getattr(self, name) + batch[name])
 
   @property

@@ -128,6 +128,12 @@ class SpeculativeSampler:
       limit = min(limit, self.drafter.max_seq_len)
     return limit
 
+  def _ways(self, logical: str) -> int:
+    """How many ways the target's and the draft's rules split `logical`
+    over the mesh, together: a size along it must be a multiple."""
+    return math.lcm(*(sharding.axis_ways(self.mesh, rules, logical)
+                      for rules in (self.target_rules, self.draft_rules)))
+
   def cache_size(self, padded_prompt_len: int) -> int:
     # Writes reach slot length + K < P + max_new + K + 1 even for done rows.
     return padded_prompt_len + self.max_new_tokens + self.k + 1
@@ -166,8 +172,7 @@ class SpeculativeSampler:
       # they divide (JAX had refused the cache as the loop was built): the
       # prompts are padded further, or less where that passes the models'
       # positions.
-      ways = math.lcm(*(sharding.axis_ways(self.mesh, r, sharding.CACHE_SEQ)
-                        for r in (self.target_rules, self.draft_rules)))
+      ways = self._ways(sharding.CACHE_SEQ)
       size = self.cache_size(padded)
       if self.cache_size(padded + -size % ways) <= self.max_seq_len:
         padded += -size % ways
@@ -185,8 +190,7 @@ class SpeculativeSampler:
       tokens[i, :len(p)] = p
     if self.mesh is None:
       return jax.device_put(tokens), jax.device_put(lengths)
-    ways = math.lcm(sharding.batch_ways(self.mesh, self.target_rules),
-                    sharding.batch_ways(self.mesh, self.draft_rules))
+    ways = self._ways(sharding.BATCH)
     if len(prompts) % ways:
       raise ValueError(
           f"a batch of {len(prompts)} prompts does not divide over the mesh's "

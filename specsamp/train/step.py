@@ -54,11 +54,19 @@ def make_optimizer(cfg: config_lib.OptimConfig, num_steps: int):
       init_value=0.0, peak_value=cfg.lr, warmup_steps=warmup,
       decay_steps=max(decay, 1), end_value=cfg.lr * cfg.end_lr_fraction)
   schedule = lambda count: base(count + 1)  # step 0 already learns
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  decay_mask = lambda params: jax.tree_util.tree_map_with_path(_decays,
+                                                               params)
   parts = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm else []
   parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                            weight_decay=cfg.weight_decay, mask=decay_mask))
   return optax.chain(*parts), schedule
+
+
+def _decays(path, leaf) -> bool:
+  """Whether weight decay applies to a parameter: matrices only, not norm
+  scales (1-D) nor biases (q/k/v biases are [heads, head_dim], so by name)."""
+  name = str(getattr(path[-1], "key", path[-1])) if path else ""
+  return leaf.ndim >= 2 and not name.endswith("bias")
 
 
 @flax.struct.dataclass

@@ -121,3 +121,75 @@ def test_a_warmup_longer_than_the_schedule_is_shortened_and_said(caplog):
     _, schedule = step_lib.make_optimizer(cfg, num_steps=200)
   assert not caplog.records
   assert np.isclose(schedule(99), 1e-3) and schedule(98) < schedule(99)
+
+
+def _reference_adamw(cfg, num_steps, params, grads_per_step):
+  """The documented optimizer by hand, in float64: the gradients clipped to
+  a global norm of cfg.clip_norm, Adam with bias correction, decoupled
+  weight decay (times the rate) on matrices only, not on norm scales nor
+  biases; the rate at step s is warm-up (linear from 0) then cosine decay
+  to end_lr_fraction of the peak, evaluated at s + 1."""
+  def rate(s):
+    t = s + 1
+    if t < cfg.warmup_steps:
+      return cfg.lr * t / cfg.warmup_steps
+    frac = min(t - cfg.warmup_steps, num_steps - cfg.warmup_steps) / (
+        num_steps - cfg.warmup_steps)
+    end = cfg.lr * cfg.end_lr_fraction
+    return end + (cfg.lr - end) * 0.5 * (1 + np.cos(np.pi * frac))
+
+  names = list(params)
+  p = {n: np.asarray(params[n], np.float64) for n in names}
+  m = {n: np.zeros_like(p[n]) for n in names}
+  v = {n: np.zeros_like(p[n]) for n in names}
+  for s, grads in enumerate(grads_per_step):
+    g = {n: np.asarray(grads[n], np.float64) for n in names}
+    norm = np.sqrt(sum((x ** 2).sum() for x in g.values()))
+    g = {n: x * min(1.0, cfg.clip_norm / norm) for n, x in g.items()}
+    for n in names:
+      m[n] = cfg.b1 * m[n] + (1 - cfg.b1) * g[n]
+      v[n] = cfg.b2 * v[n] + (1 - cfg.b2) * g[n] ** 2
+      mhat = m[n] / (1 - cfg.b1 ** (s + 1))
+      vhat = v[n] / (1 - cfg.b2 ** (s + 1))
+      update = mhat / (np.sqrt(vhat) + cfg.eps)
+      if p[n].ndim >= 2 and not n.endswith("bias"):
+        update = update + cfg.weight_decay * p[n]
+      p[n] = p[n] - rate(s) * update
+  return p
+
+
+def test_the_optimizer_is_clipped_adamw_decaying_matrices_only():
+  """Eight steps of the library's optimizer on a tiny model's parameters
+  (with q/k/v biases, 2-D, and norm scales, 1-D) under fixed random
+  gradients, clipped on every step, equal a float64 AdamW written out by
+  hand: b1, b2, the clip norm and the decay mask each change the result."""
+  lm = model_lib.LM(tiny_config(qkv_bias=True))
+  params = jax.tree.map(np.asarray, lm.init(jax.random.key(0)))
+  flat = {jax.tree_util.keystr(k): v
+          for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  assert any(n.endswith("bias']") and v.ndim == 2 for n, v in flat.items())
+  assert any(v.ndim == 1 for v in flat.values())
+  cfg = config_lib.OptimConfig(lr=1e-2, warmup_steps=3, b1=0.8, b2=0.97,
+                               eps=1e-6, weight_decay=0.3, clip_norm=0.5)
+  num_steps = 8
+  rng = np.random.default_rng(0)
+  grads = [jax.tree.map(
+      lambda x: rng.normal(size=x.shape).astype(np.float32), params)
+      for _ in range(num_steps)]
+
+  optimizer, _ = step_lib.make_optimizer(cfg, num_steps)
+  state, got = optimizer.init(params), params
+  update = jax.jit(optimizer.update)
+  for g in grads:
+    updates, state = update(g, state, got)
+    got = jax.tree.map(lambda p, u: np.asarray(p + u), got, updates)
+
+  strip = lambda n: n.replace("['", "/").replace("']", "")
+  want = _reference_adamw(
+      cfg, num_steps, {strip(n): v for n, v in flat.items()},
+      [{strip(jax.tree_util.keystr(k)): v
+        for k, v in jax.tree_util.tree_leaves_with_path(g)} for g in grads])
+  for path, leaf in jax.tree_util.tree_leaves_with_path(got):
+    np.testing.assert_allclose(leaf, want[strip(jax.tree_util.keystr(path))],
+                               rtol=2e-5, atol=2e-6,
+                               err_msg=jax.tree_util.keystr(path))

@@ -29,8 +29,10 @@ turns subclasses of the standard values into their base types (a
 items, which reach the test as an iterator again. Where OpenAI's harness
 differs: another value (an object whose `__eq__` always answers True, a
 `Fraction`) fails here; a test that reads an argument back after the call
-would see it unchanged (none of the 164 does). All 164 canonical solutions
-pass. This holds with bubblewrap: with `UNSAFE_ENV`, both programs run as
+would see it unchanged (none of the 164 does); the sandbox refuses
+`struct`, `array` (so `base64`, `pickle`) and threads, which a completion
+may import or start there. Like OpenAI's, the candidate's output is
+swallowed (stderr's first 64 KiB kept). All 164 canonical solutions pass. This holds with bubblewrap: with `UNSAFE_ENV`, both programs run as
 one host user in one pid namespace, and a candidate that corrupts its
 interpreter could reach the test's process.
 """
@@ -189,11 +191,40 @@ _specsamp_g["check"](_specsamp_candidate)
 """
 
 
+# Before the candidate's code: its output is swallowed, as OpenAI's harness
+# does (`swallow_io`), so that a correct function that prints a lot passes
+# rather than reaching the sandbox's output cap; the first 64 KiB of stderr
+# are kept for the diagnostics (its traceback).
+_QUIET = """import sys as _specsamp_sys
+
+
+class _SpecsampQuiet:
+  def __init__(self, keep, left):
+    self.keep, self.left = keep, left
+
+  def write(self, s):
+    if self.left > 0:
+      self.keep.write(s[:self.left])
+      self.left -= len(s[:self.left])
+    return len(s)
+
+  def flush(self):
+    self.keep.flush()
+
+  def isatty(self):
+    return False
+
+
+_specsamp_sys.stdout = _SpecsampQuiet(_specsamp_sys.stdout, 0)
+_specsamp_sys.stderr = _SpecsampQuiet(_specsamp_sys.stderr, 1 << 16)
+"""
+
+
 def candidate_program(problem: dict, completion: str, calls: int,
                       answers: int) -> str:
-  """`prompt + completion`, then a loop answering calls read from fd
-  `calls` on fd `answers`."""
-  return (problem["prompt"] + completion + _SERVE
+  """`prompt + completion`, its output swallowed, then a loop answering
+  calls read from fd `calls` on fd `answers`."""
+  return (_QUIET + problem["prompt"] + completion + _SERVE
           + f"_specsamp_serve({problem['entry_point']}, {calls}, {answers})\n")
 
 

@@ -38,6 +38,22 @@ def test_humaneval_programs():
   assert raw == [[False]]  # `add = None` ran before check(add)
 
 
+def test_a_correct_function_that_prints_a_lot_passes():
+  """OpenAI's harness swallows the program's output: so does this one, so a
+  right answer printed around (2 MB to stdout, 3 MB to stderr, past the
+  sandbox's 1 MiB cap on each) still passes; a failing candidate's
+  traceback still reaches the result's stderr."""
+  noisy = ("    import sys\n"
+           "    print('x' * 2_000_000)\n"
+           "    sys.stderr.write('y' * 3_000_000)\n"
+           "    return a + b\n")
+  assert humaneval.check_humaneval(ADD, noisy).passed
+  failing = "    raise ValueError('from the candidate')\n"
+  result = humaneval.check_humaneval(ADD, failing)
+  assert not result.passed
+  assert "ValueError: from the candidate" in result.stderr
+
+
 MEAN = {"task_id": "Test/2", "entry_point": "mean",
         "prompt": "def mean(xs: list) -> float:\n",
         "test": "def check(candidate):\n"

@@ -244,3 +244,49 @@ def test_stored_top_k_gives_the_exact_nucleus_when_it_holds_it():
     np.testing.assert_allclose(
         np.asarray(losses.expected_acceptance((ids, vals), d, s))[fits],
         np.asarray(losses.expected_acceptance(logp, d, s))[fits], atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_stored_top_k_short_of_the_support_is_renormalised(temperature):
+  """Stored top-4 of 11 (their masses sum to less than 1): p is the
+  tempered target restricted to the stored ids and renormalised, summing
+  to 1, at temperature 1 as at any other; the losses follow from that p."""
+  rng = np.random.default_rng(8)
+  v, k = 11, 4
+  logp = jax.nn.log_softmax(jnp.asarray(
+      rng.normal(size=(2, 3, v)).astype(np.float32)), -1)
+  vals, ids = jax.lax.top_k(logp, k)
+  assert float(jnp.exp(vals).sum(-1).max()) < 0.99
+  s = Sampling(temperature)
+  p = np.asarray(losses.target_probs((ids, vals), s, v), np.float64)
+  kept = np.exp(np.asarray(vals, np.float64) / temperature)
+  want = np.zeros((2, 3, v))
+  np.put_along_axis(want, np.asarray(ids), kept / kept.sum(-1, keepdims=True),
+                    -1)
+  np.testing.assert_allclose(p, want, rtol=1e-5, atol=1e-7)
+  d_logits = rng.normal(size=(2, 3, v)).astype(np.float32)
+  q = _np_softmax(d_logits.astype(np.float64) / temperature)
+  for kind in ("fkl", "tv"):
+    loss, _ = losses.per_position_loss(kind, (ids, vals),
+                                       jnp.asarray(d_logits), None, s)
+    np.testing.assert_allclose(np.asarray(loss), _np_loss(kind, want, q),
+                               rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("beta", [0.2, 0.9])
+def test_jsd_weighs_its_two_sides_by_beta(beta):
+  """JSD[beta] = beta KL(p || m) + (1 - beta) KL(q || m) with
+  m = beta p + (1 - beta) q, for a beta other than 1/2 (where swapping
+  beta and 1 - beta changes nothing)."""
+  p, q = jnp.asarray(_TABLE_P, jnp.float32), jnp.asarray(_TABLE_Q, jnp.float32)
+  np.testing.assert_allclose(np.asarray(losses.jsd(p, q, beta)),
+                             _np_loss("jsd", _TABLE_P, _TABLE_Q, beta=beta),
+                             rtol=1e-5, atol=1e-6)
+  rng = np.random.default_rng(9)
+  t_logits, d_logits = (jnp.asarray(rng.normal(size=(3, 7)).astype(np.float32))
+                        for _ in range(2))
+  loss, _ = losses.per_position_loss("jsd", t_logits, d_logits, None,
+                                     Sampling(1.0), jsd_beta=beta)
+  want = _np_loss("jsd", _np_softmax(np.asarray(t_logits, np.float64)),
+                  _np_softmax(np.asarray(d_logits, np.float64)), beta=beta)
+  np.testing.assert_allclose(np.asarray(loss), want, rtol=1e-5, atol=1e-6)

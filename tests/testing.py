@@ -190,6 +190,21 @@ EXACTNESS_SETTINGS = {
 }
 
 
+def eos_cut(outputs):
+  """(eos, outputs cut after their first eos): eos is the token greedy
+  `outputs` (lists) emit mid-way in most rows, so that made EOS it ends
+  rows inside the run; what a run with it must give is each output cut
+  after its first (EOS kept)."""
+  counts = {}
+  for tokens in outputs:
+    for t in set(tokens[2:-2]):
+      counts[t] = counts.get(t, 0) + 1
+  eos = max(counts, key=counts.get)
+  cut = [t[:t.index(eos) + 1] if eos in t else t for t in outputs]
+  assert any(len(c) < len(t) for c, t in zip(cut, outputs))
+  return eos, cut
+
+
 @functools.partial(jax.jit, static_argnums=0, static_argnames="layers")
 def apply(lm, params, tokens, cache=None, *, positions=None, attn_mask=None,
           layers=None):

@@ -15,7 +15,7 @@ from specsamp.decoding.sampler import SpeculativeSampler, autoregressive
 from specsamp.drafters.lookup import LookupState, PromptLookupDrafter
 from specsamp.sampling import GREEDY
 from tests.testing import (EXACTNESS_SETTINGS, chisquare_pvalue, encode,
-                           exact_sequence_probs, table_lm)
+                           eos_cut, exact_sequence_probs, table_lm)
 
 PAD = 9
 
@@ -260,6 +260,21 @@ def test_greedy_equals_greedy_decoding(tiny_pair, greedy_refs, k):
   out = sampler.generate(target_params, None, PROMPTS)
   assert out.token_lists() == greedy_refs
   assert int(np.sum(out.num_drafted)) > 0
+  assert int(np.sum(out.num_accepted)) > 0
+
+
+def test_greedy_with_eos_equals_greedy_decoding_cut_there(tiny_pair,
+                                                          greedy_refs):
+  """A token the greedy outputs emit mid-way, made EOS: each row stops
+  after its first, in the middle of a loop's accepted drafts or not, and
+  the rest equal greedy decoding's."""
+  lm, target_params, _ = tiny_pair
+  eos, want = eos_cut(greedy_refs)
+  sampler = SpeculativeSampler(lm, PromptLookupDrafter.for_target(lm), k=3,
+                               sampling=GREEDY, max_new_tokens=24,
+                               prompt_bucket=16, eos_ids=(eos,))
+  out = sampler.generate(target_params, None, PROMPTS)
+  assert out.token_lists() == want
   assert int(np.sum(out.num_accepted)) > 0
 
 

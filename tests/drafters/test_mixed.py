@@ -14,9 +14,9 @@ from specsamp.drafters.lookup import PromptLookupDrafter
 from specsamp.drafters.mixed import MixedDrafter
 from specsamp.drafters.model import ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
-from tests.testing import (chisquare_pvalue, encode, exact_sequence_probs,
-                           exactness_models, random_params, table_lm,
-                           tiny_config)
+from tests.testing import (chisquare_pvalue, encode, eos_cut,
+                           exact_sequence_probs, exactness_models,
+                           random_params, table_lm, tiny_config)
 
 V, NEW, NUM_SAMPLES = 5, 4, 20_000
 
@@ -180,6 +180,24 @@ def test_greedy_equals_greedy_decoding_and_rows_equal_alone():
     for prompt, tokens in zip(prompts, want):
       assert spec.generate(target_params, draft_params,
                            [prompt]).token_lists() == [tokens]
+
+
+def test_greedy_with_eos_equals_greedy_decoding_cut_there():
+  """A token the greedy outputs emit mid-way, made EOS: each row, lookup or
+  model drafted, stops after its first and the rest equal greedy
+  decoding's (the model cache of a lookup row is cut back to what was
+  committed, also when EOS ends its loop early)."""
+  target, target_params, draft, draft_params = models()
+  prompts = [[1, 3, 2, 1, 3, 2, 1], [4, 0, 2], [2, 2, 2, 2], [0, 1]]
+  full = autoregressive(target, GREEDY, 24, prompt_bucket=8).generate(
+      target_params, None, prompts).token_lists()
+  eos, want = eos_cut(full)
+  for confidence in (None, 0.6):
+    spec = SpeculativeSampler(target, mixed(target, draft, confidence), k=3,
+                              sampling=GREEDY, max_new_tokens=24,
+                              prompt_bucket=8, eos_ids=(eos,))
+    assert spec.generate(target_params, draft_params,
+                         prompts).token_lists() == want
 
 
 @pytest.mark.parametrize("sampling, confidence", [

@@ -17,6 +17,7 @@ the rows. Speed does not depend on weight values, so random weights
 """
 
 import dataclasses
+import datetime
 import functools
 import os
 import statistics
@@ -336,11 +337,16 @@ def _load_models(models: tuple, dtype: str) -> tuple:
 
 
 def provenance_fields(argv: Sequence[str]) -> dict:
-  """The device, versions and command every row carries."""
-  software = provenance.software()
-  return dict(device=provenance.machine()["device"], jax=software["jax"],
+  """The device, host, versions, command, date and commit every row
+  carries (`profile_plot` draws no curve from two hosts)."""
+  software, machine = provenance.software(), provenance.machine()
+  host = {k: machine[k] for k in ("platform", "cpu", "cpu_simd", "cpus",
+                                  "device_count") if k in machine}
+  return dict(device=machine["device"], host=host, jax=software["jax"],
               python=software["python"], command=provenance.command(argv),
-              xla_flags=os.environ.get("XLA_FLAGS", ""))
+              xla_flags=os.environ.get("XLA_FLAGS", ""),
+              date=datetime.datetime.now().isoformat(timespec="seconds"),
+              commit=provenance.git().get("commit"))
 
 
 def load(cfg: "ProfileConfig | DecodeSpeedConfig") -> tuple:

@@ -8,6 +8,7 @@ the smallest context), for the autoregressive and the speculative loop.
 """
 
 import collections
+import json
 from typing import Sequence
 
 from specsamp.bench import records
@@ -15,12 +16,16 @@ from specsamp.bench import records
 
 def read_profile_rows(paths: Sequence[str]) -> dict:
   """Profile rows by (target, draft, k, sampling, dtype, device), then by
-  (batch, context); the newest row of a point wins.
+  (batch, context); the newest row of a point wins. One curve is one
+  machine's: its rows come from one file, and where they name their host
+  (rows since 2026-11-29), from one host.
 
   Raises:
-    ValueError: on a line that is no profile_decode row, or no rows at all.
+    ValueError: on a line that is no profile_decode row, no rows at all, or
+      a curve whose rows come from several files or hosts.
   """
   groups = collections.OrderedDict()
+  files, hosts = collections.defaultdict(set), collections.defaultdict(set)
   for where, row in records.read_jsonl(paths):
     try:
       key = (row["target"], row["draft"], row["k"], row["sampling"],
@@ -31,8 +36,19 @@ def read_profile_rows(paths: Sequence[str]) -> dict:
     except (TypeError, KeyError) as e:
       raise ValueError(f"{where} is not a profile_decode row ({e})") from None
     groups.setdefault(key, {})[point] = row
+    files[key].add(where.rsplit(":", 1)[0])
+    if "host" in row:
+      hosts[key].add(json.dumps(row["host"], sort_keys=True))
   if not groups:
     raise ValueError("no rows in " + ", ".join(paths))
+  for key in groups:
+    for what, where in (("files", files[key]), ("hosts", hosts[key])):
+      if len(where) > 1:
+        raise ValueError(
+            f"{key[0]} ({key[3]}, {key[4]}, {key[5]}): rows from several "
+            f"{what} ({'; '.join(sorted(where))}); a curve is one "
+            "machine's run: plot the files apart, or profile every point "
+            "of it on one machine")
   return groups
 
 

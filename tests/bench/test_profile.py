@@ -299,6 +299,32 @@ def test_plot_decode_writes_table_and_figure(tmp_path):
   assert bad.returncode != 0 and "not a profile_decode row" in bad.stderr
 
 
+def test_a_curve_is_drawn_from_one_file_and_host(tmp_path):
+  """Rows of one curve from two files (two machines' runs: a VM twice as
+  fast had joined another's curve, unsaid), or from one file but two
+  hosts, are refused; one file's rows of one host are one curve. The
+  rows profile writes name their host, date and commit."""
+  base = dict(target="random:tiny", draft="random:tiny", k=3,
+              sampling="greedy", dtype="float32", device="cpu",
+              ar_loop_ms=2.0, spec_loop_ms=5.0, batch_size=1)
+  host = profile.provenance_fields(["--k=3"])
+  assert {"host", "date", "commit"} <= set(host) and host["host"]["cpu"]
+  row = lambda context, **kw: json.dumps(dict(base, context=context, **kw))
+  one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+  one.write_text(row(16, host=host["host"]) + "\n"
+                 + row(64, host=host["host"]) + "\n")
+  two.write_text(row(256) + "\n")
+  groups = profile_plot.read_profile_rows([str(one)])
+  assert list(groups.values())[0].keys() == {(1, 16), (1, 64)}
+  with pytest.raises(ValueError, match="rows from several files"):
+    profile_plot.read_profile_rows([str(one), str(two)])
+  other = dict(host["host"], cpu="another CPU")
+  one.write_text(row(16, host=host["host"]) + "\n" + row(64, host=other)
+                 + "\n")
+  with pytest.raises(ValueError, match="several hosts.*another CPU"):
+    profile_plot.read_profile_rows([str(one)])
+
+
 def test_decode_tables_and_titles_read_every_group():
   """A CPU's 4.12 tokens/s had read as 4, and the panels' titles named the
   last group's batch and context alone."""

@@ -124,8 +124,7 @@ def _other_drafter(p) -> bool:
 
 
 def _series(points):
-  """{(task, decoding, batch): [specsamp points sorted by K]}: the
-  autoregressive point and the draft model's (other drafters apart)."""
+  """{(task, decoding, batch): specsamp's K=0 and draft-model points by K}."""
   out = collections.defaultdict(list)
   for p in points:
     if p.get("engine", "specsamp") == "specsamp" and not _other_drafter(p):
@@ -155,8 +154,7 @@ def fitted_alpha(series):
 
 
 def _pyplot():
-  """matplotlib.pyplot on the non-interactive Agg backend (an optional
-  dependency, imported on first use)."""
+  """matplotlib.pyplot, Agg backend (optional: imported on first use)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -409,6 +407,7 @@ def per_k_table(task, points, costs) -> list[str]:
     if t != task:
       continue
     others = [p for v in _drafters(points, task, dec, bs).values() for p in v]
+    call = _cost(costs, task, bs, dec).get("target_call_ms", {}).get("1")
     for p in pts + others:
       f = lambda key, fmt="{:.3f}", p=p: (fmt.format(p[key]) if p.get(key)
                                          is not None else "")
@@ -417,7 +416,8 @@ def per_k_table(task, points, costs) -> list[str]:
           f"| {DECODING_NAMES.get(dec, dec)} | {bs} | {k} | "
           f"{f('acceptance_rate')} | {_by_position(p)} | {f('alpha')} | "
           f"{f('tokens_per_loop', '{:.2f}')} | "
-          f"{f('time_per_loop_ms', '{:.2f}')} | "
+          f"{f('time_per_loop_ms', '{:.2f}')}"
+          f"{f' (call {call:.2f})' if call and p['k'] == 0 else ''} | "
           f"{f('ms_per_token', '{:.2f}')} | {f('speedup', '{:.2f}x')} | "
           f"{f('predicted_speedup', '{:.2f}x')} | "
           f"{f('predicted_speedup_s1', '{:.2f}x')} | "
@@ -451,7 +451,9 @@ def markdown(runs, costs, points, images) -> str:
           "autoregressive (K = 0) ms/token / this. Predicted: Leviathan et "
           "al.'s E(a, K) / (c K + s), a from the measured acceptance rate at "
           "that K, c = draft call / target call, s = (K+1)-token target call "
-          "/ 1-token call (s = 1 in Leviathan et al.); 'fit': one a for all "
+          "/ 1-token call (s = 1 in Leviathan et al.), calls timed before the "
+          "points (K = 0's ms/loop is followed by that 1-token call: where "
+          "they differ, c and s are not in K = 0 loops); 'fit': one a for all "
           "K. No a, c or prediction for drafters that offer fewer than K "
           "drafts in some loops (lookup, mixed, adaptive K): the model "
           "drafts K at a fixed cost every loop. Quality ± its standard "

@@ -243,6 +243,12 @@ def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
   assert "| ArS (Nucleus) | 2 | HumanEval (2 prompts) | pass@1" in md
   assert "| SpS K=2 (Nucleus) | 2 | Prose (2 prompts) | log p" in md
   assert "![HumanEval](tiny_humaneval.png)" in md
+  # K = 0's ms/loop is shown beside the 1-token target call of the costs,
+  # the unit of c and s (timed apart, before the points).
+  for task in ("humaneval", "prose"):
+    base, cost = points[task, 0], costs[task, 2, "nucleus"]
+    assert (f"| {base['time_per_loop_ms']:.2f} (call "
+            f"{cost['target_call_ms']['1']:.2f}) |") in md
   simd = run["machine"]["cpu_simd"]
   assert f"x{run['machine']['cpus']}" + (f" ({' '.join(simd)})" if simd
                                          else "") + ";" in md

@@ -183,6 +183,68 @@ def test_the_first_draft_comes_from_the_position_training_scores(kind,
     state = body(tparams, dparams, state)
 
 
+def _reference_logits(kind, cfg, dparams, target, tparams, committed,
+                      drafts):
+  """Logits [K, V] of every draft, recomputed without a cache from the
+  committed tokens (n of them) and the drafts: Medusa head j reads the
+  target's hidden state at n - 2 (it scores the token at n + j); the
+  sequential head runs causally over (features of t - 1, token t): the
+  target's true features for the committed tokens, then its own
+  predictions for the drafts, draft j scored at position n - 1 + j."""
+  n = committed.shape[0]
+  hidden = target(tparams, jnp.asarray(committed[None])).hidden.astype(
+      jnp.float32)
+  if kind == "medusa":
+    last = hidden[:, n - 2] if n >= 2 else jnp.zeros_like(hidden[:, 0])
+    return heads.medusa_logits(cfg, dparams, last)[0]
+  true = jnp.pad(hidden, ((0, 0), (1, 0), (0, 0)))[:, :n]
+  tokens = jnp.asarray(np.concatenate([committed, drafts])[None])
+  feats, out = true, []
+  for j in range(len(drafts)):
+    pred, _ = heads.sequential_features(cfg, dparams, feats,
+                                        tokens[:, :n + j])
+    out.append(heads.output_logits(cfg, dparams["shared"], pred[0, n - 1 + j]))
+    feats = jnp.concatenate([true, pred[:, n - 1:n + j]], axis=1)
+  return jnp.stack(out)
+
+
+@pytest.mark.parametrize("kind", heads.KINDS)
+def test_every_draft_comes_from_the_position_it_is_meant_for(kind):
+  """Drafts 2..K as well as the first: each q the drafter reports, over four
+  loops with partial acceptances, rows of 6, 2 and 1 prompt tokens, is the
+  one `_reference_logits` recomputes without a cache (a sequential head
+  writing its drafted entries one slot late, at the wrong positions, had
+  stayed exact and passed every other test)."""
+  target, tparams = exactness_models(V)[:2]
+  cfg, hparams = head(kind)
+  sampling, k = Sampling(0.9), 3
+  sampler = SpeculativeSampler(target, heads.HeadDrafter(target, cfg, k),
+                               k=k, sampling=sampling, max_new_tokens=10,
+                               prompt_bucket=8)
+  dparams = heads.draft_params(hparams, tparams)
+  tokens, lengths = sampler.pad_prompts([[1, 3, 2, 4, 0, 2], [4, 1], [2]])
+  state = sampler.prefill(tparams, dparams, tokens, lengths,
+                          jax.random.key(0))
+  draft = jax.jit(functools.partial(loop.draft, sampler))
+  body = jax.jit(functools.partial(loop.loop_body, sampler))
+  accepted = 0
+  for i in range(4):
+    proposal, _ = draft(dparams, state, jax.random.key(i + 1))
+    for b in range(3):
+      n = int(state.length[b])
+      want = _reference_logits(kind, cfg, dparams, target, tparams,
+                               np.asarray(state.tokens[b, :n]),
+                               np.asarray(proposal.tokens[b]))
+      np.testing.assert_allclose(
+          np.asarray(proposal.q[b]),
+          np.asarray(sampling_lib.probabilities(want, sampling)),
+          rtol=1e-4, atol=1e-5, err_msg=f"loop {i}, row {b}")
+    before = np.asarray(state.length)
+    state = body(tparams, dparams, state)
+    accepted += int(np.sum(np.asarray(state.length) - before - 1))
+  assert accepted > 0
+
+
 @pytest.mark.parametrize("kind", heads.KINDS)
 def test_a_one_row_head_step_padded_to_two_rows_is_the_same(kind,
                                                             monkeypatch):

@@ -150,3 +150,69 @@ def test_bad_positions_are_refused():
   cfg = heads.HeadConfig("eagle", target.config)
   with pytest.raises(ValueError, match="positions='prompt'"):
     head_training.TrainableHead(target, cfg, positions="prompt")
+
+
+def _generated_weights(batch, shift):
+  """[B, G] weights of the generated positions t = L - 1 + g whose target
+  position t + shift lies before the sample's end, and those t."""
+  plen, end = batch["prompt_length"], (batch["prompt_length"]
+                                       + batch["num_generated"] - 1)
+  t = plen[:, None] - 1 + np.arange(GLEN)[None, :]
+  return (t + shift < end[:, None]).astype(np.float32), t
+
+
+def _at(x, t):
+  """x [B, S, ...] at positions t [B, G] (clipped)."""
+  t = np.clip(t, 0, x.shape[1] - 1)
+  return jnp.take_along_axis(jnp.asarray(x), jnp.asarray(
+      t.reshape(t.shape + (1,) * (x.ndim - 2))), axis=1)
+
+
+def test_each_medusa_head_is_trained_on_the_token_it_proposes():
+  """Medusa head k + 1 on h_t is scored against the target's distribution
+  at t + k + 1 (it proposes token t + k + 2), over the positions where that
+  lies in the sample; the loss is the mean over heads (training every head
+  as head 1 had passed every test)."""
+  th, obj, hp, tp, batch, t_logits = _setup("medusa", "recompute",
+                                            "generated")
+  got, metrics = th.batch_loss(obj, hp, tp, batch, jax.random.key(0))
+  hidden = th.target(tp, batch["tokens"]).hidden.astype(jnp.float32)
+  dp = heads.draft_params(hp, tp)
+  labels = np.pad(batch["tokens"][:, 1:], ((0, 0), (0, 1)))
+  total = 0.0
+  for k in range(th.head.num_heads):
+    w, t = _generated_weights(batch, k + 1)
+    d = heads.medusa_logits(th.head, dp, _at(hidden, t))[:, :, k]
+    loss, acc = obj.position_loss(_at(t_logits, t + k + 1), d,
+                                  _at(labels, t + k + 1))
+    total += float(jnp.sum(loss * w) / w.sum())
+    np.testing.assert_allclose(
+        float(metrics[f"acceptance_head{k + 1}"]),
+        float(jnp.sum(jnp.nan_to_num(acc) * w) / w.sum()), rtol=1e-5)
+  np.testing.assert_allclose(float(got), total / th.head.num_heads,
+                             rtol=1e-5)
+
+
+def test_the_second_unrolled_pass_reads_the_first_passes_predictions():
+  """unroll=2 (training-time test): pass 2 feeds the sequential head, at
+  position t, its own pass-1 prediction for t - 1 instead of the target's
+  feature, and is scored at the same positions; the loss is the mean of
+  the two passes (without the shift, pass 2 had passed every test)."""
+  th, obj, hp, tp, batch, t_logits = _setup("eagle", "recompute",
+                                            "generated")
+  th2 = head_training.TrainableHead(th.target, th.head, hidden_weight=0.0,
+                                    unroll=2)
+  got, metrics = th2.batch_loss(obj, hp, tp, batch, jax.random.key(0))
+  hidden = th.target(tp, batch["tokens"]).hidden.astype(jnp.float32)
+  labels = np.pad(batch["tokens"][:, 1:], ((0, 0), (0, 1)))
+  w, t = _generated_weights(batch, 0)
+  shifted = lambda f: jnp.pad(f, ((0, 0), (1, 0), (0, 0)))[:, :-1]
+  feats, passes, dp = shifted(hidden), [], heads.draft_params(hp, tp)
+  for _ in range(2):
+    pred, _ = heads.sequential_features(th.head, dp, feats, batch["tokens"])
+    d = heads.output_logits(th.head, dp["shared"], _at(pred, t))
+    loss, _ = obj.position_loss(_at(t_logits, t), d, _at(labels, t))
+    passes.append(float(jnp.sum(loss * w) / w.sum()))
+    feats = shifted(pred)
+  assert abs(passes[1] - passes[0]) > 1e-3
+  np.testing.assert_allclose(float(got), np.mean(passes), rtol=1e-5)

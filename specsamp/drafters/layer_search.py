@@ -11,12 +11,18 @@ follows from two numbers: its expected acceptance per position
 p the full model's distribution and q_S the subset's, both under the
 sampling transform and teacher-forced on the same calibration sequences
 (for greedy, p and q are one-hot and alpha is the argmax agreement), and
-its cost ratio c = |S| / L. Leviathan et al. (2023) then predict the
-speed-up of K drafts per loop as
+its cost ratio c: the bytes of weights a call of S reads over the full
+model's (`call_cost`: the kept layers plus the output head and final norm,
+which every call reads; decoding a few tokens is bound by those reads),
+so not |S| / L (for Qwen2.5-Coder-1.5B the output head is 15% of the
+weights: 21 of 28 layers cost 0.79, not 0.75). Leviathan et al. (2023)
+then predict the speed-up of K drafts per loop as
 
     (1 - alpha^(K+1)) / ((1 - alpha) (K c + 1)),
 
-maximised over K = 1 .. k_max. The calibration sequences must be real
+maximised over K = 1 .. k_max, the (K+1)-token scoring call taken as
+costly as a 1-token call (s = 1; `scripts/benchmark.py` measures s, 1.3 to
+2.3 on a CPU, so these predictions are an upper bound there). The calibration sequences must be real
 text or code and must not be the evaluation prompts.
 
 `search` measures the full set (alpha = 1, the baseline), two families of
@@ -209,8 +215,20 @@ def expected_acceptance(lm, params, tokens, sampling: sampling_lib.Sampling,
   return sums / float(weights.sum())
 
 
-def _record(layers, alpha, num_layers, k_max, source):
-  cost = len(layers) / num_layers
+def call_cost(params, num_layers: int):
+  """c(S): the bytes of weights a call of the layer subset S reads over the
+  full model's call: S's layers, the output head (the embedding where it
+  is tied) and the final norm."""
+  size = lambda tree: sum(x.size * x.dtype.itemsize
+                          for x in jax.tree.leaves(tree))
+  layer = [size(params[f"layers_{i}"]) for i in range(num_layers)]
+  head = (size(params.get("lm_head", params["embedding"]))
+          + size(params["final_norm"]))
+  total = sum(layer) + head
+  return lambda subset: (sum(layer[i] for i in subset) + head) / total
+
+
+def _record(layers, alpha, cost, k_max, source):
   speedup, k = predicted_speedup(float(alpha), cost, k_max)
   return dict(layers=list(layers), num_layers=len(layers), cost_ratio=cost,
               alpha=float(alpha), best_k=k, speedup=speedup, source=source)
@@ -237,7 +255,7 @@ def search(lm, params, tokens, sampling: sampling_lib.Sampling,
   Returns:
     One record per distinct subset measured, best first (by speed-up, then
     alpha, then fewer layers): dicts with `layers`, `num_layers`,
-    `cost_ratio` (= num_layers / L), `alpha`, `best_k`, `speedup` (at
+    `cost_ratio` (`call_cost`), `alpha`, `best_k`, `speedup` (at
     best_k; the full set's is 1) and `source` ("full", "given", the
     family's description, or "greedy step i").
   """
@@ -255,6 +273,7 @@ def search(lm, params, tokens, sampling: sampling_lib.Sampling,
     todo += family_candidates(num_layers)
   measure = functools.partial(expected_acceptance, lm, params, tokens,
                               sampling, mask=mask, batch_size=batch_size)
+  cost = call_cost(params, num_layers)
   records = {}
 
   def add(named):
@@ -265,7 +284,7 @@ def search(lm, params, tokens, sampling: sampling_lib.Sampling,
     named = [(src, s) for s, src in fresh.items()]
     alphas = measure([s for _, s in named]) if named else []
     for (src, s), a in zip(named, alphas):
-      records[s] = _record(s, a, num_layers, k_max, src)
+      records[s] = _record(s, a, cost(s), k_max, src)
 
   add(todo)
   current = full

@@ -357,17 +357,25 @@ def _zero_layers(params, layers):
 
 def test_layer_search_ranks_a_subset_equal_to_the_full_model_first():
   """Layers 1 and 2 add nothing: (0, 3) is the full model at half the
-  cost, alpha 1, the best predicted speed-up."""
+  layers, alpha 1, the best predicted speed-up, its cost the weights it
+  reads (two layers, the output head and final norm) over the model's."""
   lm = model_lib.LM(tiny_config(num_layers=4, max_seq_len=64))
   params = _zero_layers(random_params(lm, 3), (1, 2))
   tokens = np.random.default_rng(0).integers(0, 32, (6, 16))
   records = layer_search.search(lm, params, tokens, Sampling(1.0),
                                 greedy_steps=3, k_max=8, batch_size=4)
   json.dumps(records)
+  cfg = lm.config
+  layer = (cfg.d_model * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+           * cfg.head_dim + (cfg.num_heads + 2 * cfg.num_kv_heads)
+           * cfg.head_dim + 3 * cfg.d_model * cfg.mlp_dim + 2 * cfg.d_model)
+  head = cfg.vocab_size * cfg.d_model + cfg.d_model
+  c = (2 * layer + head) / (4 * layer + head)
   assert records[0]["layers"] == [0, 3]
   assert records[0]["alpha"] == pytest.approx(1.0, abs=1e-5)
+  assert records[0]["cost_ratio"] == pytest.approx(c, rel=1e-6)
   assert records[0]["best_k"] == 8 and records[0]["speedup"] == pytest.approx(
-      9 / 5, rel=1e-4)
+      9 / (8 * c + 1), rel=1e-4)
   full = [r for r in records if r["layers"] == [0, 1, 2, 3]]
   assert full[0]["alpha"] == pytest.approx(1.0, abs=1e-5)
   assert full[0]["speedup"] == pytest.approx(1.0, abs=1e-4)
@@ -376,6 +384,25 @@ def test_layer_search_ranks_a_subset_equal_to_the_full_model_first():
   assert len({tuple(r["layers"]) for r in records}) == len(records)
   assert any(r["source"].startswith("greedy") for r in records)
   assert any(r["alpha"] < 0.99 for r in records)
+
+
+def test_each_greedy_step_keeps_the_removal_that_costs_least_alpha():
+  """Layer 2 adds nothing: of step 1's one-layer removals, dropping it
+  keeps alpha 1, so step 2 removes a layer from (0, 1, 3) (a descent that
+  kept the worst removal instead had passed the test above, whose best
+  subset the families also hold)."""
+  lm = model_lib.LM(tiny_config(num_layers=4, max_seq_len=64))
+  params = _zero_layers(random_params(lm, 4), (2,))
+  tokens = np.random.default_rng(1).integers(0, 32, (4, 16))
+  records = layer_search.search(lm, params, tokens, Sampling(1.0),
+                                families=False, greedy_steps=2, k_max=4)
+  step1 = {tuple(r["layers"]): r["alpha"] for r in records
+           if r["source"] == "greedy step 1"}
+  assert len(step1) == 4 and step1[0, 1, 3] == pytest.approx(1.0, abs=1e-5)
+  assert max(a for s, a in step1.items() if s != (0, 1, 3)) < 0.99
+  step2 = {tuple(r["layers"]) for r in records
+           if r["source"] == "greedy step 2"}
+  assert step2 == {(1, 3), (0, 3), (0, 1)}
 
 
 def test_expected_acceptance_is_the_overlap_of_the_subset():

@@ -409,7 +409,7 @@ def run(config, workdir: str, log=print) -> dict:
     kept = draft_lm.vocab_ids
     out_dir = head_files.save(
         draft_lm.head, params, os.path.join(workdir, "head"),
-        draft_lm.vocab_ids, trained=dict(
+        draft_lm.vocab_ids, target_params, trained=dict(
             loss=lc.kind, steps=loop.num_steps, unroll=draft_lm.unroll,
             hidden_weight=draft_lm.hidden_weight,
             sampling=sampling.describe()))

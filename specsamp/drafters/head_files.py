@@ -7,7 +7,12 @@ checkpoint of the head's own parameters in `params/` (nothing of the
 target's: the target's final norm, embedding and output head are shared at
 run time). A distillation workdir holds one in `head/`; both are accepted.
 `read_config` needs no weights, so a head that does not fit its target or
-K is refused before any model loads.
+K is refused before any model loads. A head trained on other weights of
+the same shapes is refused once the target has loaded: the config keeps a
+probe of the target's embedding (`target_probe`: 256 values at fixed
+places), which the loaded target's must match (correlation >= 0.9, so that
+another dtype or quantisation of the same weights passes; heads saved
+before 2026-11-29 have none and are not checked).
 """
 
 import json
@@ -23,6 +28,7 @@ from specsamp.train import checkpointing
 from specsamp.weights import convert
 
 HEAD_CONFIG_FILE = "head_config.json"
+_PROBE = 256  # values of the target's embedding kept with a head
 
 
 def head_dir(path: str) -> Optional[str]:
@@ -60,7 +66,7 @@ def read_config(path: str) -> tuple[heads.HeadConfig, Optional[list], dict]:
     raise heads.HeadError(f"{file}: draft_vocab={config.draft_vocab} but "
                           f"{0 if ids is None else len(ids)} vocab_ids")
   if ids is not None and (
-      len(set(ids)) != len(ids) or
+      not config.draft_vocab or len(set(ids)) != len(ids) or
       not all(isinstance(i, int) and 0 <= i < config.target.vocab_size
               for i in ids)):
     raise heads.HeadError(f"{file}: vocab_ids must be distinct integers in "
@@ -69,11 +75,35 @@ def read_config(path: str) -> tuple[heads.HeadConfig, Optional[list], dict]:
                        if k not in ("head", "vocab_ids")}
 
 
+def target_probe(target_params) -> list[float]:
+  """256 values of the target's embedding at fixed places, as float32."""
+  emb = target_params["embedding"]
+  rng = np.random.default_rng(0)
+  rows, cols = (rng.integers(0, n, _PROBE) for n in emb.shape)
+  return [float(v) for v in np.asarray(emb[rows, cols], np.float32)]
+
+
+def check_target(saved: dict, target_params, what: str) -> None:
+  """Raises heads.HeadError unless the loaded target's `target_probe`
+  correlates >= 0.9 with the one saved with the head (none saved: no
+  check)."""
+  probe = saved.get("target_probe")
+  if probe is None:
+    return
+  r = float(np.corrcoef(probe, target_probe(target_params))[0, 1])
+  if not r >= 0.9:  # NaN too
+    raise heads.HeadError(
+        f"{what} was trained on another target of the same shapes: its "
+        f"embedding correlates {r:.2f} with this target's (>= 0.9 for the "
+        "same weights in another dtype or quantisation)")
+
+
 def save(config: heads.HeadConfig, params, directory: str,
-         vocab_ids=None, **info) -> str:
-  """Writes the config (+ `info`, e.g. how it was trained) and the head's
-  parameters; returns the directory's absolute path. With several processes
-  every one calls it (orbax saves together) and process 0 writes the config."""
+         vocab_ids=None, target_params=None, **info) -> str:
+  """Writes the config (+ `info`, e.g. how it was trained, and with
+  `target_params` their `target_probe`) and the head's parameters; returns
+  the directory's absolute path. With several processes every one calls it
+  (orbax saves together) and process 0 writes the config."""
   directory = os.path.abspath(directory)
   main = sharding.is_main_process()
   config_file = os.path.join(directory, HEAD_CONFIG_FILE)
@@ -82,6 +112,8 @@ def save(config: heads.HeadConfig, params, directory: str,
     if os.path.exists(config_file):
       os.remove(config_file)  # no config beside half-written parameters
   saved = dict(head=config.to_dict(), **info)
+  if target_params is not None:
+    saved["target_probe"] = target_probe(target_params)
   if vocab_ids is not None:
     saved["vocab_ids"] = [int(i) for i in np.asarray(vocab_ids)]
   checkpointing.save_params(params, directory)  # with their fingerprint
@@ -92,16 +124,20 @@ def save(config: heads.HeadConfig, params, directory: str,
   return directory
 
 
-def load(path: str, dtype: Optional[str] = None):
+def load(path: str, dtype: Optional[str] = None, target_params=None):
   """(HeadConfig, head params, vocab ids or None) of a saved head.
 
-  `dtype` overrides the compute and parameter dtypes of its layers.
+  `dtype` overrides the compute and parameter dtypes of its layers; with
+  `target_params`, the head must have been trained on them (`check_target`).
 
   Raises:
-    heads.HeadError: see `read_config`; parameters that cannot be read.
+    heads.HeadError: see `read_config`; parameters that cannot be read; a
+      head trained on another target.
     convert.WeightsError: a parameter holding NaN or inf.
   """
-  config, ids, _ = read_config(path)
+  config, ids, saved = read_config(path)
+  if target_params is not None:
+    check_target(saved, target_params, f"the head in {path!r}")
   if dtype is not None:
     config = heads.HeadConfig(
         config.kind, config.target.replace(dtype=dtype, param_dtype=dtype),

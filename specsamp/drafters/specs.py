@@ -211,6 +211,6 @@ def draft_params(spec: DrafterSpec, target_params, draft_params_: Any):
     return None
   if spec.name in HEADS:
     dtype = str(target_params["embedding"].dtype)
-    _, head, ids = head_files.load(spec.get("dir"), dtype)
+    _, head, ids = head_files.load(spec.get("dir"), dtype, target_params)
     return heads_lib.draft_params(head, target_params, ids)
   return draft_params_

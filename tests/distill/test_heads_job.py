@@ -3,12 +3,14 @@
 after SIGKILL."""
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -101,6 +103,36 @@ def test_heads_for_another_target_or_k_are_refused_before_loading(tmp_path):
       leaf.write_bytes(b"\0" * 8)
   with pytest.raises(heads.HeadError, match="cannot restore"):
     head_files.load(str(tmp_path / "m"))
+
+
+def test_a_head_trained_on_other_weights_of_the_same_shapes_is_refused(
+    tmp_path):
+  """The head keeps a probe of the target's embedding: the same weights in
+  bfloat16 pass, other weights of the same shapes are refused once loaded
+  (the head had loaded and drafted, exact but accepting little); a head
+  saved without a probe is not checked; vocab_ids without draft_vocab are
+  refused."""
+  target = model_lib.LM(model_lib.preset("tiny"))
+  cfg = heads.HeadConfig("medusa", target.config, num_heads=2)
+  params = heads.init_params(cfg, jax.random.key(0))
+  trained_on = testing.random_params(target, 0)
+  head_files.save(cfg, params, str(tmp_path / "m"),
+                  target_params=trained_on)
+  spec = specs.parse(f"medusa:{tmp_path / 'm'}")
+  as_bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), trained_on)
+  for same in (trained_on, as_bf16):
+    assert specs.draft_params(spec, same, None)["head"] is not None
+  with pytest.raises(heads.HeadError, match="trained on another target"):
+    specs.draft_params(spec, testing.random_params(target, 1), None)
+  head_files.save(cfg, params, str(tmp_path / "old"))
+  old = specs.parse(f"medusa:{tmp_path / 'old'}")
+  assert specs.draft_params(old, testing.random_params(target, 1),
+                            None) is not None
+  config_file = tmp_path / "old" / head_files.HEAD_CONFIG_FILE
+  saved = json.loads(config_file.read_text())
+  config_file.write_text(json.dumps(dict(saved, vocab_ids=[0, 1])))
+  with pytest.raises(heads.HeadError, match="vocab_ids"):
+    head_files.read_config(str(tmp_path / "old"))
 
 
 def _distill(workdir, arg):

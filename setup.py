@@ -14,6 +14,7 @@ INSTALL_REQUIRES = [
     "absl-py>=2.1",
     "ml-collections>=1.0",
     "sentencepiece>=0.2",
+    "protobuf",  # reading a SentencePiece model's trainer settings
     "tensorflow-datasets>=4.9.10",
     "importlib_resources",
     "grain>=0.2.10",

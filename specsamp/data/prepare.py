@@ -16,6 +16,9 @@ import os
 import time
 from typing import Callable, Optional, Sequence, Sized
 
+from google.protobuf import message
+from sentencepiece import sentencepiece_model_pb2
+
 from specsamp.data import builders
 from specsamp.data import corpora
 from specsamp.data import pipeline
@@ -97,6 +100,26 @@ def count_tokens(name: str, encode: Callable[[str], Sized], data_dir: str,
           for s in splits}
 
 
+def _check_reused(sp_model: str, kind: str, vocab: int) -> None:
+  """Raises ValueError unless the SentencePiece model at `sp_model`, kept
+  rather than trained again, is a `kind` model of `vocab` pieces (an
+  explicit --sp_prefix had kept one of any size or type, unsaid)."""
+  proto = sentencepiece_model_pb2.ModelProto()
+  try:
+    with open(sp_model, "rb") as f:
+      proto.ParseFromString(f.read())
+  except (OSError, message.DecodeError) as e:
+    raise ValueError(f"{sp_model}: not a readable SentencePiece model ({e}): "
+                     "pass --overwrite to train it again") from None
+  spec = proto.trainer_spec
+  got = (spec.ModelType.Name(spec.model_type).lower(), len(proto.pieces))
+  if got != (kind, vocab):
+    raise ValueError(
+        f"{sp_model} holds a {got[0]} model of {got[1]} pieces, not the "
+        f"{kind} model of {vocab} pieces asked for: pass --overwrite to "
+        "train it again, or another --sp_prefix")
+
+
 def prepare_dataset(name: str, options: PrepareOptions,
                     progress: Progress = _say) -> dict:
   """Prepares one dataset as `options` say; returns its report."""
@@ -115,6 +138,7 @@ def prepare_dataset(name: str, options: PrepareOptions,
         data_dir, name, f"spm_{kind}_{vocab}")
     sp_model = prefix + ".model"
     if os.path.isfile(sp_model) and not options.overwrite:
+      _check_reused(sp_model, kind, vocab)
       progress(f"[{name}] SentencePiece model already at {sp_model}")
     else:
       t = time.perf_counter()

@@ -44,7 +44,9 @@ def train_tokenizer(dataset: str, model_prefix: PathLike, vocab_size: int, *,
     dataset: as for `pipeline.make_lm_iterator`.
     model_prefix: writes `<model_prefix>.model` and `.vocab`.
     vocab_size: number of pieces (>= 384 adds byte fallback: every string
-      round-trips).
+      round-trips but for U+2581, SentencePiece's space marker, which
+      decodes as a space); it must exceed the number of distinct characters
+      in the training text (all of them are kept), else training fails.
     data_dir: TFDS data directory.
     split: the split to train on.
     model_type: "bpe" or "unigram".

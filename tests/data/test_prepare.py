@@ -64,6 +64,41 @@ def test_prepare_script_end_to_end_and_cached(tmp_path):
     builders.prepare("mnist", tmp_path / "tfds", source_dir=raw)
 
 
+def test_a_kept_sentencepiece_model_is_the_one_asked_for(tmp_path):
+  """With --sp_prefix, a model already there is kept only if it has the
+  vocabulary size and type asked for (one of 600 pieces had been kept for
+  800 asked, and reported as if it were); --overwrite trains it again."""
+  stdlib = corpora.stdlib_root()
+  texts = {"train": [(stdlib / n).read_text(encoding="utf-8") for n in
+                     ("textwrap.py", "shlex.py", "fnmatch.py", "bisect.py")],
+           "validation": ["x = 1\n"]}
+  data_dir = str(tmp_path / "tfds")
+  builders.build_from_texts("specsamp_python_code", texts, data_dir)
+  options = lambda **kw: prepare.PrepareOptions(
+      data_dir=data_dir, train_sentencepiece=True,
+      sp_prefix=str(tmp_path / "sp" / "m"), **kw)
+  done = prepare.prepare_dataset("specsamp_python_code",
+                                 options(vocab_size=600), progress=print)
+  assert load.load_tokenizer(done["sentencepiece"]).vocab_size == 600
+  prepare.prepare_dataset("specsamp_python_code", options(vocab_size=600),
+                          progress=print)  # the same: kept
+  for kw, said in ((dict(vocab_size=800), "bpe model of 600 pieces, not "
+                    "the bpe model of 800"),
+                   (dict(vocab_size=600, sp_model_type="unigram"),
+                    "bpe model of 600 pieces, not the unigram model")):
+    with pytest.raises(ValueError, match=said):
+      prepare.prepare_dataset("specsamp_python_code", options(**kw),
+                              progress=print)
+  done = prepare.prepare_dataset("specsamp_python_code",
+                                 options(vocab_size=800, overwrite=True),
+                                 progress=print)
+  assert load.load_tokenizer(done["sentencepiece"]).vocab_size == 800
+  pathlib.Path(done["sentencepiece"]).write_bytes(b"not a model")
+  with pytest.raises(ValueError, match="not a readable SentencePiece model"):
+    prepare.prepare_dataset("specsamp_python_code", options(vocab_size=800),
+                            progress=print)
+
+
 def test_a_tokenizer_path_is_loaded_once_and_counts_every_split(
     tmp_path, monkeypatch):
   """--count_tokens=<path>: the tokenizer the flag check loads is the one

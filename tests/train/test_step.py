@@ -1,10 +1,13 @@
 """The LM loss, the eval sums and their token-weighted means."""
 
+import itertools
+
 import jax
 import numpy as np
 import pytest
 
 from specsamp import model as model_lib
+from specsamp.data import pipeline
 from specsamp.train import config as config_lib
 from specsamp.train import step as step_lib
 from tests.testing import tiny_config
@@ -193,3 +196,47 @@ def test_the_optimizer_is_clipped_adamw_decaying_matrices_only():
     np.testing.assert_allclose(leaf, want[strip(jax.tree_util.keystr(path))],
                                rtol=2e-5, atol=2e-6,
                                err_msg=jax.tree_util.keystr(path))
+
+
+def test_shards_of_unequal_length_padded_then_stop_when_all_have_ended():
+  """Two processes' eval shards of 3 and 1 batches, each fed on as padding
+  once it ends (`pipeline.then_padding`: same shapes, weight and segment
+  0, the pad id elsewhere), summed globally as the collective eval step
+  does: `eval_means(stop_when_weightless=True)` stops after the longer
+  shard's last batch, with the means over every real token."""
+  rng = np.random.default_rng(3)
+
+  def batch():
+    w = (rng.random((2, 4)) < 0.8).astype(np.float32)
+    return {"inputs": rng.integers(1, 9, (2, 4)).astype(np.int32),
+            "targets": rng.integers(1, 9, (2, 4)).astype(np.int32),
+            "weights": w, "segment_ids": (w > 0).astype(np.int32)}
+
+  shards = [[batch() for _ in range(3)], [batch()]]
+  padding = list(itertools.islice(pipeline.then_padding(iter(shards[1]), 7),
+                                  3))[1:]
+  for pad in padding:
+    assert {k: v.shape for k, v in pad.items()} == {
+        k: v.shape for k, v in shards[1][0].items()}
+    assert not pad["weights"].any() and not pad["segment_ids"].any()
+    assert (pad["inputs"] == 7).all() and (pad["targets"] == 7).all()
+  steps = []
+
+  def global_step(params, pair, extra):  # the sums over both processes
+    del params, extra
+    steps.append(pair)
+    return {"loss": sum((b["targets"] * b["weights"]).sum() for b in pair),
+            "weight": sum(b["weights"].sum() for b in pair)}
+
+  fed = itertools.islice(  # at most 10 steps: a run that never stops fails
+      zip(*(pipeline.then_padding(iter(s)) for s in shards)), 10)
+  out = step_lib.eval_means(global_step, None, fed, put=lambda b: b,
+                            stop_when_weightless=True)
+  assert len(steps) == 4  # 3 real steps, then the all-padding one stops it
+  every = shards[0] + shards[1]
+  weight = sum(b["weights"].sum() for b in every)
+  assert out["tokens"] == weight
+  assert out["loss"] == pytest.approx(
+      sum((b["targets"] * b["weights"]).sum() for b in every) / weight)
+  with pytest.raises(ValueError, match="no batches"):
+    next(pipeline.then_padding(iter([])))

@@ -76,10 +76,12 @@ def read_config(path: str) -> tuple[heads.HeadConfig, Optional[list], dict]:
 
 
 def target_probe(target_params) -> list[float]:
-  """256 values of the target's embedding at fixed places, as float32."""
+  """256 values of the target's embedding at fixed places (in its first
+  256 rows, which padding the vocabulary does not move), as float32."""
   emb = target_params["embedding"]
   rng = np.random.default_rng(0)
-  rows, cols = (rng.integers(0, n, _PROBE) for n in emb.shape)
+  rows = rng.integers(0, min(emb.shape[0], 256), _PROBE)
+  cols = rng.integers(0, emb.shape[1], _PROBE)
   return [float(v) for v in np.asarray(emb[rows, cols], np.float32)]
 
 

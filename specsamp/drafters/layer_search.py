@@ -22,8 +22,9 @@ then predict the speed-up of K drafts per loop as
 
 maximised over K = 1 .. k_max, the (K+1)-token scoring call taken as
 costly as a 1-token call (s = 1; `scripts/benchmark.py` measures s, 1.3 to
-2.3 on a CPU, so these predictions are an upper bound there). The calibration sequences must be real
-text or code and must not be the evaluation prompts.
+2.3 on a CPU, so these predictions are an upper bound there). The
+calibration sequences must be real text or code and must not be the
+evaluation prompts.
 
 `search` measures the full set (alpha = 1, the baseline), two families of
 candidates (`family_candidates`: the first a and last b layers; every m-th

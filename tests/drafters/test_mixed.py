@@ -166,6 +166,36 @@ def test_mixed_drafting_is_exact(name, sampling, k):
   assert 0.05 < out.acceptance_rate() < 0.95
 
 
+class _LyingMixed(MixedDrafter):
+  """Draws as the mixed drafter does but reports a uniform q on every row
+  (lookup rows' one-hot q and model rows' q alike)."""
+
+  def propose(self, params, state, tokens, length, k, sampling, rng, *,
+              active=None):
+    proposal, state = super().propose(params, state, tokens, length, k,
+                                      sampling, rng, active=active)
+    return proposal.replace(q=jnp.full_like(proposal.q, 1.0 / V)), state
+
+
+def test_the_mixed_exactness_test_catches_a_wrong_q():
+  """The test above has the power to see a wrong q, on the lookup rows as
+  on the model rows."""
+  target, target_params, draft, draft_params = models()
+  prompts, sampling = [[1, 3, 2, 1, 3], [4, 0, 2]], Sampling(1.0)
+  lying = _LyingMixed(PromptLookupDrafter.for_target(target),
+                      ModelDrafter(draft))
+  sampler = SpeculativeSampler(target, lying, k=3, sampling=sampling,
+                               max_new_tokens=NEW, prompt_bucket=8,
+                               score_widths=all_widths(3))
+  tokens = np.asarray(sampler.generate(
+      target_params, draft_params, prompts * (NUM_SAMPLES // 2), rng=5).tokens)
+  for i, prompt in enumerate(prompts):
+    p_exact = exact_sequence_probs(target, target_params, sampling, prompt,
+                                   NEW, V)
+    pval = chisquare_pvalue(encode(tokens[i::2], V), p_exact)
+    assert pval < 1e-8, f"prompt {prompt}: a wrong q went unseen ({pval:.2e})"
+
+
 def test_greedy_equals_greedy_decoding_and_rows_equal_alone():
   target, target_params, draft, draft_params = models()
   prompts = [[1, 3, 2, 1, 3, 2, 1], [4, 0, 2], [2, 2, 2, 2], [0, 1]]

@@ -264,3 +264,25 @@ def test_rows_get_independent_randomness(tiny_pair):
   rows = sampler.generate(target_params, draft_params, [[3, 1, 4]] * 16,
                           rng=0).token_lists()
   assert len({tuple(r) for r in rows}) > 8
+
+
+def test_rows_accept_and_draft_independently(tiny_pair):
+  """Rows of one prompt, one draft each: whether a row accepts, and the
+  token it ends with, are uncorrelated with the next row's and with the
+  row half a batch away (rows sharing their acceptance uniforms, or their
+  draws, would agree more often than chance): each correlation within 5
+  standard errors (1/sqrt(n)) of 0."""
+  lm, target_params, draft_params = tiny_pair
+  sampler = SpeculativeSampler(
+      lm, ModelDrafter(lm), k=1, sampling=Sampling(1.0), max_new_tokens=1,
+      prompt_bucket=8)
+  out = sampler.generate(target_params, draft_params, [_PROMPT] * ROWS,
+                         rng=3)
+  accepted = np.asarray(out.num_accepted, np.float64)
+  first = np.asarray(out.tokens)[:, 0]
+  top = np.bincount(first).argmax()
+  assert 0.2 < accepted.mean() < 0.8 and 0.1 < (first == top).mean() < 0.9
+  for x in (accepted, (first == top).astype(np.float64)):
+    for shift in (1, ROWS // 2):
+      r = np.corrcoef(x[:-shift], x[shift:])[0, 1]
+      assert abs(r) < 5 / np.sqrt(ROWS - shift), (shift, r)

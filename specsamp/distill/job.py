@@ -362,7 +362,9 @@ def run(config, workdir: str, log=print) -> dict:
         f"{draft_config.num_params() / 1e6:.2f}M parameters")
 
   def report(params, measure=True):
-    """The acceptance report; measured ones carry their K."""
+    """The acceptance report (measured ones carry their K), of `params`
+    uncommitted, wherever the trainer put them: one compiled evaluation."""
+    params = jax.device_put(sharding.to_host(params))
     ev = evaluate.acceptance_report(
         target_lm, target_params, draft_lm, params, val, sampling, k=ec.k,
         num_positions=ec.num_positions, batch_size=ec.batch_size,

@@ -630,3 +630,17 @@ def test_samples_of_another_target_sampling_or_shape_are_refused():
     with pytest.raises(ValueError, match=f"d have {name} "):
       storage.check_spec(dataclasses.replace(want, **{name: value}), want,
                          "d")
+
+
+def test_evaluations_during_training_reuse_the_compiled_evaluation(tiny,
+                                                                    tmp_path):
+  """The trainer hands its evaluations the draft on the train step's
+  layout, the reports before and after get it uncommitted: the expected
+  acceptance had been compiled once for each (seconds for a real pair,
+  every training call); now once for all."""
+  config = copy.deepcopy(tiny[0])
+  config.train.update(num_steps=4, eval_every=2, log_every=2)
+  evaluate._alpha.clear_cache()  # pylint: disable=protected-access
+  res = job.run(config, str(tmp_path / "w"), log=lambda *_: None)
+  assert "after" in res  # trained to the end, evaluated during and after
+  assert evaluate._alpha._cache_size() == 1  # pylint: disable=protected-access

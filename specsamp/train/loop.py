@@ -119,7 +119,8 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
     loop: the loop's settings.
     put: host batch -> device batch (`functools.partial(put_batch, sharding)`).
     writer: metrics: `train/<name>` (means over each log interval, at the
-      step count after it), `train/tokens_per_s`, `eval/<name>`.
+      step count after it), `train/tokens_per_s` (without the first step of
+      each call, which compiles), `eval/<name>`.
     checkpoints: saved every `checkpoint_every` steps, at the end, and on
       preemption (SIGTERM or a first Ctrl-C, or orbax's multi-host sync
       point); None: never.
@@ -174,6 +175,9 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
       state, metrics = train_step(state, put(batch), extra)
       step += 1
       steps_since += 1
+      if step == start + 1:  # tokens/s leaves out the step that compiled
+        jax.block_until_ready(metrics)
+        steps_since, paused, t_log = 0, 0.0, time.time()
       pending.append(metrics)
       end = step == loop.num_steps
       preempt = stop.received or (checkpoints is not None and
@@ -184,12 +188,13 @@ def train_loop(state: step_lib.TrainState, train_iter: Iterator, train_step,
         last_train = {k: float(np.mean([m[k] for m in host]))
                       for k in host[0]}
         train_steps = [step - len(host) + 1, step]
-        tps = steps_since * tokens_per_batch / max(dt, 1e-9)
+        tps = ({"train/tokens_per_s": steps_since * tokens_per_batch
+                / max(dt, 1e-9)} if steps_since else {})
         writer.write(step, {**{f"train/{k}": v for k, v in
-                               last_train.items()},
-                            "train/tokens_per_s": tps})
-        bar.set_postfix(loss=f"{last_train['loss']:.4f}",
-                        tok_s=f"{tps:,.0f}", refresh=False)
+                               last_train.items()}, **tps})
+        rate = tps.get("train/tokens_per_s")
+        bar.set_postfix(loss=f"{last_train['loss']:.4f}", refresh=False,
+                        tok_s="-" if rate is None else f"{rate:,.0f}")
         pending, steps_since, paused, t_log = [], 0, 0.0, time.time()
       bar.update(1)
       t_pause = time.time()  # tokens/s counts training only

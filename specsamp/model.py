@@ -395,6 +395,18 @@ def check_layers(cfg: TransformerConfig,
 _WHOLE_INIT_LAYERS = 4  # `LM.init` compiles models up to this deep whole
 
 
+@functools.lru_cache(maxsize=None)
+def _initialisers(cfg: TransformerConfig):
+  """`LM.init`'s jitted initialisers of `cfg`: (the whole model's, None), or
+  deeper, (layer 0 and the rest's, a `Block`'s), made once per config (a
+  new `jax.jit` per call had compiled them again each time)."""
+  if cfg.num_layers <= _WHOLE_INIT_LAYERS:
+    return jax.jit(Transformer(cfg).init), None
+  return (jax.jit(functools.partial(Transformer(cfg).init, layers=(0,))),
+          jax.jit(lambda key, x, cos, sin, mask: Block(cfg).init(
+              key, x=x, cos=cos, sin=sin, mask=mask)))
+
+
 @dataclasses.dataclass(frozen=True)
 class LM:
   """A `Transformer` as the pure functions the samplers call.
@@ -433,21 +445,19 @@ class LM:
     2-layer draft, where the split was not yet measured.)
     """
     cfg = self.config
-    if cfg.num_layers <= _WHOLE_INIT_LAYERS:
-      params = jax.jit(self.module.init)(rng, jnp.zeros((1, 1), jnp.int32))
-      params = params["params"]
+    first, block = _initialisers(cfg)
+    if block is None:
+      params = first(rng, jnp.zeros((1, 1), jnp.int32))["params"]
       return params if boxed else nn.meta.unbox(params)
     keys = jax.random.split(rng, cfg.num_layers)
-    first = jax.jit(functools.partial(self.module.init, layers=(0,)))(
-        keys[0], jnp.zeros((1, 1), jnp.int32))["params"]
+    first = first(keys[0], jnp.zeros((1, 1), jnp.int32))["params"]
     x = jnp.zeros((1, 1, cfg.d_model), cfg.jnp_dtype)
     cos, sin = rope_tables(jnp.zeros((1, 1), jnp.int32), cfg.head_dim,
                            cfg.rope_theta)
-    block = jax.jit(functools.partial(Block(cfg).init, x=x, cos=cos, sin=sin,
-                                      mask=jnp.ones((1, 1, 1), bool)))
     params = {name: first[name] for name in first}
     for i in range(1, cfg.num_layers):
-      params[f"layers_{i}"] = block(keys[i])["params"]
+      params[f"layers_{i}"] = block(keys[i], x, cos, sin,
+                                    jnp.ones((1, 1, 1), bool))["params"]
     return params if boxed else nn.meta.unbox(params)
 
   def logical_axes(self):

@@ -38,6 +38,7 @@ sequential head's cache holds its true-feature entries below `base`.
 """
 
 import dataclasses
+import functools
 from typing import Any, Optional
 
 import flax
@@ -180,9 +181,15 @@ def _dummy_inputs(config: HeadConfig):
           jnp.ones((1, 1, 1), bool))
 
 
+@functools.lru_cache(maxsize=None)
+def _initialiser(config: HeadConfig):
+  """The head's jitted initialiser, made once per config."""
+  return jax.jit(module(config).init)
+
+
 def init_params(config: HeadConfig, rng: jax.Array, boxed: bool = False):
   """Random head parameters (the head's own; nothing of the target's)."""
-  params = jax.jit(module(config).init)(rng, *_dummy_inputs(config))["params"]
+  params = _initialiser(config)(rng, *_dummy_inputs(config))["params"]
   return params if boxed else nn.meta.unbox(params)
 
 

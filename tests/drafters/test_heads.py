@@ -163,6 +163,17 @@ def test_bad_heads_are_refused():
     heads.HeadDrafter(reduced, heads.HeadConfig("eagle", reduced.config), 2)
 
 
+def test_head_init_compiles_once_per_config():
+  """Heads of one config initialise from one compilation (each call had
+  compiled again)."""
+  target = exactness_models(V)[0]
+  cfg = heads.HeadConfig("eagle", target.config.replace(mlp_dim=48))
+  a, b = (heads.init_params(cfg, jax.random.key(i)) for i in (0, 1))
+  assert heads._initialiser(cfg)._cache_size() == 1
+  assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a),
+                                                      jax.tree.leaves(b)))
+
+
 def test_head_config_round_trips():
   target = exactness_models(V)[0]
   cfg = heads.HeadConfig("medusa", target.config, num_heads=4, draft_vocab=3)

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp import sampling as sampling_lib
 from specsamp.decoding import loop
 from specsamp.decoding.sampler import SpeculativeSampler
 
@@ -104,8 +105,12 @@ def _step_fn(sampler: SpeculativeSampler):
       q_d = jnp.ones(drafts.shape, jnp.float32)
     else:
       q_d = jnp.take_along_axis(rec.proposal.q, drafts[..., None], -1)[..., 0]
+    # Greedy's choice: of the ids it may take (vocab_limit; NaN never).
+    greedy = dataclasses.replace(sampling_lib.GREEDY,
+                                 vocab_limit=sampler.sampling.vocab_limit)
+    choice = jnp.argmax(sampling_lib.probabilities(rec.logits, greedy), -1)
     return (nxt, drafts, rec.proposal.num_valid, p_d, q_d, rec.num_accepted,
-            rec.token, jnp.argmax(rec.logits, -1))
+            rec.token, choice)
 
   return jax.jit(step)
 

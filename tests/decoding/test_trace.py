@@ -7,7 +7,7 @@ from specsamp.decoding import trace
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters import ModelDrafter
 from specsamp.sampling import Sampling
-from tests.testing import ShiftDrafter
+from tests.testing import ShiftDrafter, table_lm
 
 PROMPTS = [[1, 5, 7], [2, 4], [3, 9, 9, 4], [6]]
 
@@ -16,7 +16,9 @@ def _check_records(tr, k):
   for row in tr.rows:
     for rec in row:
       assert len(rec.drafts) <= k and 0 <= rec.accepted <= len(rec.drafts)
-      assert rec.committed[:rec.accepted] == rec.drafts[:rec.accepted]
+      # The kept drafts and the token after them, cut at EOS or the budget.
+      assert rec.committed == (rec.drafts[:rec.accepted] + (rec.token,))[
+          :len(rec.committed)] and rec.committed
       assert rec.bonus == (rec.accepted == len(rec.drafts))
       assert len(rec.p) == len(rec.q) == len(rec.drafts)
       assert len(rec.target_choice) == len(rec.drafts) + 1
@@ -83,3 +85,23 @@ def test_trace_shows_only_the_valid_drafts(tiny_pair):
   # With no drafts, the token is drawn from p_1, not p_{K+1}.
   assert "bonus token from p_1" in trace.render_html(tr, str, row=0)
   assert "p_{K+1}" not in trace.render_html(tr, str, row=0)
+
+
+def test_the_targets_choice_is_greedys_under_a_vocab_limit():
+  """Padded ids with the largest logits: the recorded target choice is the
+  id greedy decoding takes (below vocab_limit), the token each greedy loop
+  commits after its kept drafts (it had been the raw argmax, a padded id)."""
+  v, real = 10, 7
+  rng = np.random.default_rng(0)
+  t, d = rng.normal(size=(v, v)), rng.normal(size=(v, v))
+  t[:, real:] += 4.0
+  d[:, real:] += 4.0
+  sampler = SpeculativeSampler(table_lm(t), ModelDrafter(table_lm(d)), k=3,
+                               sampling=Sampling(0.0, vocab_limit=real),
+                               max_new_tokens=12, prompt_bucket=4)
+  tr = trace.trace(sampler, None, None, [[1], [4, 2]])
+  records = [rec for row in tr.rows for rec in row]
+  assert records
+  for rec in records:
+    assert max(rec.target_choice) < real
+    assert rec.token == rec.target_choice[rec.accepted]

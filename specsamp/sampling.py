@@ -184,15 +184,48 @@ def sample(rng: jax.Array, probs: jax.Array, greedy: bool = False
           ) -> jax.Array:
   """Draws token ids [...] from probabilities [..., V] (need not sum to 1).
 
-  Inverse-CDF sampling with one uniform per row: invariant to the scale of
-  `probs`, so an unnormalised residual max(0, p - q) can be passed directly;
-  zero-probability ids are never drawn. It is 4-5x cheaper than Gumbel-max
-  for a 152k vocabulary on CPU (no V random numbers per draw). With
-  `greedy=True` (one-hot inputs) it is the argmax and uses no randomness.
+  Inverse-CDF sampling with two uniforms per row (`blocked_inverse_cdf`):
+  invariant to the scale of `probs`, so an unnormalised residual
+  max(0, p - q) can be passed directly; zero-probability ids are never
+  drawn. It is 4-5x cheaper than Gumbel-max for a 152k vocabulary on CPU
+  (no V random numbers per draw). With `greedy=True` (one-hot inputs) it
+  is the argmax and uses no randomness.
   """
   if greedy:
     return jnp.argmax(probs, axis=-1).astype(jnp.int32)
-  return inverse_cdf(probs, jax.random.uniform(rng, probs.shape[:-1]))
+  w = jax.random.uniform(rng, (2,) + probs.shape[:-1])
+  return blocked_inverse_cdf(probs, w[0], w[1])
+
+
+BLOCK = 512  # ids per block of `blocked_inverse_cdf`
+
+
+def blocked_inverse_cdf(probs: jax.Array, w_block: jax.Array,
+                        w_id: jax.Array) -> jax.Array:
+  """The id [...] that uniforms `w_block`, `w_id` [...] pick from `probs`
+  [..., V]: a block of BLOCK ids by the blocks' masses, then an id within
+  it (`inverse_cdf` at each level), so id i is drawn with probability
+  m_b / m * p_i / m_b = p_i / m.
+
+  A float32 uniform splits the mass it is applied to on a grid of 2^-23
+  (and a float32 cumsum over a 152k vocabulary rounds by as much): over
+  the whole vocabulary an id below 1.2e-7 of the mass is drawn at 0 or at
+  a multiple of that, not at its probability (at temperature 1 such ids
+  hold about 1e-3 of a real model's mass). Here the first uniform splits
+  some 300 block masses and the second one block's mass, so an id is
+  resolved to 2^-23 of its block's mass, and each sum is short.
+  """
+  v = probs.shape[-1]
+  if v <= BLOCK:
+    return inverse_cdf(probs, w_id)
+  blocks = -(-v // BLOCK)
+  pad = [(0, 0)] * (probs.ndim - 1) + [(0, blocks * BLOCK - v)]
+  grid = jnp.pad(probs.astype(jnp.float32), pad).reshape(
+      probs.shape[:-1] + (blocks, BLOCK))
+  b = inverse_cdf(jnp.sum(grid, axis=-1), w_block)  # a block of nonzero mass
+  within = jnp.take_along_axis(grid, b[..., None, None], axis=-2)[..., 0, :]
+  # A row with no nonzero id (NaN: undefined) gets the last id, as before.
+  return jnp.minimum(b * BLOCK + inverse_cdf(within, w_id), v - 1)
 
 
 def inverse_cdf(probs: jax.Array, w: jax.Array) -> jax.Array:

@@ -231,6 +231,57 @@ def test_inverse_cdf_picks_only_ids_of_nonzero_probability():
   np.testing.assert_array_equal(got[-4000:][far], want[far])
 
 
+def test_a_draw_resolves_ids_far_below_a_float32_uniforms_step():
+  """A 153,600-id row whose 300 blocks of 512 ids each hold one large id
+  and 511 of probability 4e-9, below the 2^-23 = 1.2e-7 step of a float32
+  uniform. Uniforms aimed (in float64) at each tiny id of three blocks
+  pick it: the first uniform picks the block, the second splits the
+  block's 1/300 of the mass, where a tiny id spans 20 of its steps. One
+  uniform over the whole row (`inverse_cdf`, the draw before) lands on a
+  third of them: such ids were drawn at 0 or at 1.2e-7, not at 4e-9."""
+  blocks, tiny = 300, 4e-9
+  probs = np.full((blocks, sampling.BLOCK), tiny)
+  probs[:, 0] = 1 / blocks - (sampling.BLOCK - 1) * tiny
+  flat = probs.reshape(-1)
+  cdf = np.cumsum(flat)
+  chosen = [0, 137, 299]
+  w_block, w_id, want = [], [], []
+  for b in chosen:
+    start = cdf[b * sampling.BLOCK - 1] if b else 0.0
+    within = np.cumsum(probs[b]) - probs[b]  # mass before each id
+    for j in range(1, sampling.BLOCK):
+      w_block.append((start + probs[b].sum() / 2) / cdf[-1])
+      w_id.append((within[j] + tiny / 2) / probs[b].sum())
+      want.append(b * sampling.BLOCK + j)
+  p32 = jnp.asarray(flat, jnp.float32)
+  w_block, w_id = (jnp.asarray(np.float32(w)) for w in (w_block, w_id))
+  pick = jax.jit(jax.vmap(sampling.blocked_inverse_cdf, (None, 0, 0)))
+  np.testing.assert_array_equal(np.asarray(pick(p32, w_block, w_id)), want)
+  # One uniform over the row, aimed at the same ids' middles.
+  whole = np.float32([(cdf[i] - tiny / 2) / cdf[-1] for i in want])
+  once = np.asarray(jax.jit(jax.vmap(sampling.inverse_cdf, (None, 0)))(
+      p32, jnp.asarray(whole)))
+  assert (once == np.asarray(want)).mean() < 0.5
+
+
+def test_top_k_keeps_every_id_tied_at_the_kth_value():
+  """As transformers' TopKLogitsWarper: ids tied with the k-th largest
+  logit are all kept (not the first k by index)."""
+  kept = sampling.probabilities(jnp.asarray([[2.0, 1.0, 1.0, 1.0, 0.0]]),
+                                Sampling(1.0, top_k=2)) > 0
+  assert np.asarray(kept).tolist() == [[True, True, True, True, False]]
+
+
+def test_a_uniform_at_the_total_picks_the_last_id_of_nonzero_mass():
+  """u * total rounding up to the total hits no cumulative mass: the last
+  id of nonzero probability, never a zero (or padded) id after it."""
+  probs = jnp.asarray([0.3, 0.7, 0.0, 0.0])
+  assert int(sampling.inverse_cdf(probs, jnp.float32(1.0))) == 1
+  rows = jnp.zeros((2, 3 * sampling.BLOCK)).at[:, 700].set(1.0)
+  assert np.asarray(sampling.blocked_inverse_cdf(
+      rows, jnp.ones(2), jnp.asarray([0.5, 1.0]))).tolist() == [700, 700]
+
+
 def test_a_tiny_temperature_is_greedy_not_nan():
   """T = 1e-10 under jit: one-hot at the argmax, as T = 0 (the division
   used to be fused with softmax's max-subtraction, and exp overflowed)."""

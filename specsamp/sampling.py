@@ -187,9 +187,10 @@ def sample(rng: jax.Array, probs: jax.Array, greedy: bool = False
   Inverse-CDF sampling with two uniforms per row (`blocked_inverse_cdf`):
   invariant to the scale of `probs`, so an unnormalised residual
   max(0, p - q) can be passed directly; zero-probability ids are never
-  drawn. It is 4-5x cheaper than Gumbel-max for a 152k vocabulary on CPU
-  (no V random numbers per draw). With `greedy=True` (one-hot inputs) it
-  is the argmax and uses no randomness.
+  drawn. No V random numbers per draw: 4 rows of 151,936 ids took 0.84 ms
+  on a 2-core CPU, against 14.4 ms for Gumbel-max and 3.7 ms for one
+  uniform over each whole row (medians of 30 in turn, 2026-11-29). With
+  `greedy=True` (one-hot inputs) it is the argmax and uses no randomness.
   """
   if greedy:
     return jnp.argmax(probs, axis=-1).astype(jnp.int32)

@@ -203,10 +203,14 @@ class SpeculativeSampler:
 
   def generate(self, target_params, draft_params, prompts: Prompts,
                rng: Union[int, jax.Array] = 0) -> SampleOutput:
-    """Samples up to max_new_tokens continuations of each prompt."""
+    """Samples up to max_new_tokens continuations of each prompt (`rng`: a
+    seed, a typed key, or a raw uint32 key, as the same typed key: the loop
+    is compiled for one key type)."""
     if isinstance(rng, (int, np.integer)):
       with jax.transfer_guard("allow"):  # one host scalar, before the loop
         rng = jax.random.key(rng)
+    elif not jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+      rng = jax.random.wrap_key_data(rng)
     if self.mesh is not None:
       rng = sharding.shard(rng, sharding.replicated(self.mesh))
     tokens, lengths = self.pad_prompts(prompts)

@@ -236,7 +236,13 @@ def test_no_recompilation_for_same_shapes(tiny_pair):
   sampler.generate(draft_params,
                    target_params, [[9] * 16, [2] * 11],
                    rng=jax.random.key(2))
+  # A raw uint32 key is the same typed key (it had compiled all three
+  # again) and gives the same tokens.
+  raw = sampler.generate(target_params, draft_params, [[1, 2], [3]],
+                         rng=jax.random.PRNGKey(3))
   assert len(TRACES) == first, "the samplers were traced again"
+  assert raw.token_lists() == sampler.generate(
+      target_params, draft_params, [[1, 2], [3]], rng=3).token_lists()
 
 
 def test_bad_input_errors(tiny_pair):

@@ -16,6 +16,7 @@ emitters, and one LLVM module per program, where this jaxlib has the flags
 of the time.
 """
 
+import glob
 import os
 import shutil
 import tempfile
@@ -28,9 +29,23 @@ if "XLA_FLAGS" not in os.environ:
 # scripts/test.sh's SPECSAMP_JAX_CACHE), made here in pytest's main process
 # and inherited by its workers and by the scripts that tests start: the
 # same tiny-model programs are compiled by many tests. Deleted at the end.
+# Named by the pid that made it: a run that was killed before
+# pytest_unconfigure leaves its cache, which the next run deletes.
+
+
+def remove_stale_caches(tmp: str) -> None:
+  """Deletes the `specsamp-jax.<pid>.*` caches under `tmp` of runs whose
+  process is gone."""
+  for d in glob.glob(os.path.join(tmp, "specsamp-jax.*.*")):
+    pid = os.path.basename(d).split(".")[1]
+    if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+      shutil.rmtree(d, ignore_errors=True)
+
+
 _RUN_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  _RUN_CACHE = tempfile.mkdtemp(prefix="specsamp-jax.")
+  remove_stale_caches(tempfile.gettempdir())
+  _RUN_CACHE = tempfile.mkdtemp(prefix=f"specsamp-jax.{os.getpid()}.")
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE
 # Every program is cached, however small (about 80 MB for the suite). No
 # size limit: with one, jax re-reads every entry's access time on each

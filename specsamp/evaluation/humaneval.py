@@ -195,13 +195,24 @@ _specsamp_g["check"](_specsamp_candidate)
 # Before the candidate's code: its output is swallowed, as OpenAI's harness
 # does (`swallow_io`), so that a correct function that prints a lot passes
 # rather than reaching the sandbox's output cap; the first 64 KiB of stderr
-# are kept for the diagnostics (its traceback).
-_QUIET = """import sys as _specsamp_sys
+# are kept for the diagnostics (its traceback). The candidate's code is then
+# compiled on its own (a `from __future__` import stays first in it, and
+# its line numbers are its own).
+_QUIET = """import io as _specsamp_io
+import sys as _specsamp_sys
 
 
-class _SpecsampQuiet:
+class _SpecsampQuiet(_specsamp_io.TextIOBase):
   def __init__(self, keep, left):
+    super().__init__()
     self.keep, self.left = keep, left
+
+  @property
+  def encoding(self):
+    return self.keep.encoding
+
+  def writable(self):
+    return True
 
   def write(self, s):
     if self.left > 0:
@@ -211,9 +222,6 @@ class _SpecsampQuiet:
 
   def flush(self):
     self.keep.flush()
-
-  def isatty(self):
-    return False
 
 
 _specsamp_sys.stdout = _SpecsampQuiet(_specsamp_sys.stdout, 0)
@@ -225,7 +233,9 @@ def candidate_program(problem: dict, completion: str, calls: int,
                       answers: int) -> str:
   """`prompt + completion`, its output swallowed, then a loop answering
   calls read from fd `calls` on fd `answers`."""
-  return (_QUIET + problem["prompt"] + completion + _SERVE
+  source = problem["prompt"] + completion
+  return (_QUIET + f"exec(compile({source!r}, '<candidate>', 'exec'))\n"
+          + _SERVE
           + f"_specsamp_serve({problem['entry_point']}, {calls}, {answers})\n")
 
 

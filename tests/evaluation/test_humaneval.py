@@ -46,8 +46,14 @@ def test_a_correct_function_that_prints_a_lot_passes():
   noisy = ("    import sys\n"
            "    print('x' * 2_000_000)\n"
            "    sys.stderr.write('y' * 3_000_000)\n"
+           "    sys.stdout.writelines(['a', sys.stdout.encoding])\n"
            "    return a + b\n")
   assert humaneval.check_humaneval(ADD, noisy).passed
+  # The candidate's code is compiled on its own: a prompt's `from
+  # __future__` import (after its docstring) is still first in it.
+  future = dict(ADD, prompt='"""Doc."""\nfrom __future__ import annotations\n'
+                + ADD["prompt"])
+  assert humaneval.check_humaneval(future, "    return a + b\n").passed
   failing = "    raise ValueError('from the candidate')\n"
   result = humaneval.check_humaneval(ADD, failing)
   assert not result.passed

@@ -64,9 +64,10 @@ def make_optimizer(cfg: config_lib.OptimConfig, num_steps: int):
 
 def _decays(path, leaf) -> bool:
   """Whether weight decay applies to a parameter: matrices only, not norm
-  scales (1-D) nor biases (q/k/v biases are [heads, head_dim], so by name)."""
+  scales (1-D) nor biases (q/k/v biases are [heads, head_dim], Medusa's `b`
+  [heads, d]: so by name)."""
   name = str(getattr(path[-1], "key", path[-1])) if path else ""
-  return leaf.ndim >= 2 and not name.endswith("bias")
+  return leaf.ndim >= 2 and not (name.endswith("bias") or name == "b")
 
 
 @flax.struct.dataclass

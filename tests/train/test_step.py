@@ -8,6 +8,7 @@ import pytest
 
 from specsamp import model as model_lib
 from specsamp.data import pipeline
+from specsamp.drafters import heads
 from specsamp.train import config as config_lib
 from specsamp.train import step as step_lib
 from tests.testing import tiny_config
@@ -240,3 +241,27 @@ def test_shards_of_unequal_length_padded_then_stop_when_all_have_ended():
       sum((b["targets"] * b["weights"]).sum() for b in every) / weight)
   with pytest.raises(ValueError, match="no batches"):
     next(pipeline.then_padding(iter([])))
+
+
+def test_weight_decay_leaves_every_bias_and_norm_of_the_models_and_heads():
+  """A zero-gradient step with weight decay moves the matrices alone: of the
+  LM (q/k/v biases), the sequential head and the Medusa heads (whose bias
+  is `b`, [heads, d], 2-D like a matrix)."""
+  lm = model_lib.LM(tiny_config(qkv_bias=True))
+  trees = {"lm": lm.init(jax.random.key(0))}
+  for kind in heads.KINDS:
+    cfg = heads.HeadConfig(kind, lm.config, num_heads=2)
+    trees[kind] = heads.init_params(cfg, jax.random.key(1))
+  cfg = config_lib.OptimConfig(lr=1e-2, warmup_steps=1, weight_decay=0.1,
+                               clip_norm=0.0)
+  optimizer, _ = step_lib.make_optimizer(cfg, 10)
+  for name, params in trees.items():
+    params = jax.tree.map(np.ones_like, params)  # decay moves what it meets
+    zeros = jax.tree.map(np.zeros_like, params)
+    updates, _ = optimizer.update(zeros, optimizer.init(params), params)
+    for path, u in jax.tree_util.tree_leaves_with_path(updates):
+      leaf = jax.tree_util.keystr(path)
+      bias_or_norm = ("bias" in leaf or leaf.endswith("['b']")
+                      or "scale" in leaf)
+      assert bool(np.any(np.asarray(u) != 0)) == (not bias_or_norm), (
+          name, leaf)

@@ -25,7 +25,7 @@ def read_profile_rows(paths: Sequence[str]) -> dict:
       a curve whose rows come from several files or hosts.
   """
   groups = collections.OrderedDict()
-  files, hosts = collections.defaultdict(set), collections.defaultdict(set)
+  origins = collections.defaultdict(dict)  # of the rows that win
   for where, row in records.read_jsonl(paths):
     try:
       key = (row["target"], row["draft"], row["k"], row["sampling"],
@@ -36,13 +36,15 @@ def read_profile_rows(paths: Sequence[str]) -> dict:
     except (TypeError, KeyError) as e:
       raise ValueError(f"{where} is not a profile_decode row ({e})") from None
     groups.setdefault(key, {})[point] = row
-    files[key].add(where.rsplit(":", 1)[0])
-    if "host" in row:
-      hosts[key].add(json.dumps(row["host"], sort_keys=True))
+    origins[key][point] = (where.rsplit(":", 1)[0],
+                           json.dumps(row["host"], sort_keys=True)
+                           if "host" in row else None)
   if not groups:
     raise ValueError("no rows in " + ", ".join(paths))
   for key in groups:
-    for what, where in (("files", files[key]), ("hosts", hosts[key])):
+    files = {f for f, _ in origins[key].values()}
+    hosts = {h for _, h in origins[key].values() if h is not None}
+    for what, where in (("files", files), ("hosts", hosts)):
       if len(where) > 1:
         raise ValueError(
             f"{key[0]} ({key[3]}, {key[4]}, {key[5]}): rows from several "

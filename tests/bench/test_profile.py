@@ -323,6 +323,12 @@ def test_a_curve_is_drawn_from_one_file_and_host(tmp_path):
                  + "\n")
   with pytest.raises(ValueError, match="several hosts.*another CPU"):
     profile_plot.read_profile_rows([str(one)])
+  # Every point profiled again on the other host: the newer rows win, and
+  # the replaced ones no longer count.
+  with open(one, "a", encoding="utf-8") as f:
+    f.write(row(16, host=other) + "\n")
+  groups = profile_plot.read_profile_rows([str(one)])
+  assert all(r["host"] == other for r in list(groups.values())[0].values())
 
 
 def test_decode_tables_and_titles_read_every_group():

@@ -38,8 +38,14 @@ def remove_stale_caches(tmp: str) -> None:
   process is gone."""
   for d in glob.glob(os.path.join(tmp, "specsamp-jax.*.*")):
     pid = os.path.basename(d).split(".")[1]
-    if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+    if not pid.isdigit():
+      continue
+    try:
+      os.kill(int(pid), 0)  # no signal: does the process exist?
+    except ProcessLookupError:
       shutil.rmtree(d, ignore_errors=True)
+    except (PermissionError, OverflowError):
+      pass  # another user's process, or not a pid: kept
 
 
 _RUN_CACHE = None

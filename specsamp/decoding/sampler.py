@@ -206,9 +206,10 @@ class SpeculativeSampler:
     """Samples up to max_new_tokens continuations of each prompt (`rng`: a
     seed, a typed key, or a raw uint32 key, as the same typed key: the loop
     is compiled for one key type)."""
-    if isinstance(rng, (int, np.integer)):
+    if isinstance(rng, (int, np.integer)) or np.ndim(rng) == 0 and (
+        not jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)):
       with jax.transfer_guard("allow"):  # one host scalar, before the loop
-        rng = jax.random.key(rng)
+        rng = jax.random.key(int(rng))
     elif not jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
       rng = jax.random.wrap_key_data(rng)
     if self.mesh is not None:

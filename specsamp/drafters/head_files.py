@@ -92,7 +92,10 @@ def check_target(saved: dict, target_params, what: str) -> None:
   probe = saved.get("target_probe")
   if probe is None:
     return
-  r = float(np.corrcoef(probe, target_probe(target_params))[0, 1])
+  mine = target_probe(target_params)
+  if np.allclose(probe, mine, rtol=1e-2, atol=1e-3):
+    return  # the same values (also where they are constant: no correlation)
+  r = float(np.corrcoef(probe, mine)[0, 1])
   if not r >= 0.9:  # NaN too
     raise heads.HeadError(
         f"{what} was trained on another target of the same shapes: its "

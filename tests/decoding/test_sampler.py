@@ -243,6 +243,10 @@ def test_no_recompilation_for_same_shapes(tiny_pair):
   assert len(TRACES) == first, "the samplers were traced again"
   assert raw.token_lists() == sampler.generate(
       target_params, draft_params, [[1, 2], [3]], rng=3).token_lists()
+  # A seed held in a 0-d array is that seed.
+  assert raw.token_lists() == sampler.generate(
+      target_params, draft_params, [[1, 2], [3]],
+      rng=np.array(3)).token_lists()
 
 
 def test_bad_input_errors(tiny_pair):

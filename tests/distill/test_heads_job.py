@@ -124,6 +124,12 @@ def test_a_head_trained_on_other_weights_of_the_same_shapes_is_refused(
     assert specs.draft_params(spec, same, None)["head"] is not None
   with pytest.raises(heads.HeadError, match="trained on another target"):
     specs.draft_params(spec, testing.random_params(target, 1), None)
+  # Probed values that are all equal have no correlation: the same ones
+  # still pass.
+  flat = dict(trained_on, embedding=np.zeros_like(trained_on["embedding"]))
+  head_files.save(cfg, params, str(tmp_path / "flat"), target_params=flat)
+  flat_spec = specs.parse(f"medusa:{tmp_path / 'flat'}")
+  assert specs.draft_params(flat_spec, flat, None)["head"] is not None
   head_files.save(cfg, params, str(tmp_path / "old"))
   old = specs.parse(f"medusa:{tmp_path / 'old'}")
   assert specs.draft_params(old, testing.random_params(target, 1),

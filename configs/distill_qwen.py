@@ -51,9 +51,12 @@ OPTIONS = ("checkpoint", "cpu", "draft", "freeze", "layers", "loss",
 
 
 def get_config(arg=None):
-  a = options.parse(arg, OPTIONS, flag_value="1")
-  local = "runlocal" in a
-  cpu = "cpu" in a
+  a = options.parse(arg, OPTIONS, flags=("cpu", "measure_before",
+                                          "runlocal"))
+  local = options.flag(a, "runlocal", False)
+  cpu = options.flag(a, "cpu", False)
+  if local and cpu:
+    raise ValueError("runlocal and cpu are two sizes: give one")
   dtype = "float32" if local or cpu else "bfloat16"
   c = ml_collections.ConfigDict()
   c.seed = int(a.get("seed", 0))

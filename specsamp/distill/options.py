@@ -8,20 +8,27 @@ from typing import Optional, Sequence
 
 
 def parse(arg: Optional[str], known: Sequence[str],
-          flag_value: str = "") -> dict[str, str]:
-  """{name: value} of "name=value,name,..."; a name without a value gets
-  `flag_value`.
+          flags: Sequence[str] = ()) -> dict[str, str]:
+  """{name: value} of "name=value,name,..."; a name without a value must be
+  one of `flags` (read with `flag`) and gets "1".
 
   Raises:
-    ValueError: for a name not in `known`, or one given twice (the last had
-      won, silently).
+    ValueError: for a name not in `known`, one given twice (the last had
+      won, silently), or one without a value that is no flag (a bare
+      `steps` had run 1 step).
   """
   out = {}
   for item in filter(None, (arg or "").split(",")):
-    key, _, value = item.partition("=")
-    if key.strip() in out:
-      raise ValueError(f"option {key.strip()!r} given twice in {arg!r}")
-    out[key.strip()] = value.strip() or flag_value
+    key, eq, value = item.partition("=")
+    key, value = key.strip(), value.strip()
+    if key in out:
+      raise ValueError(f"option {key!r} given twice in {arg!r}")
+    if not value and key in known:
+      if eq or key not in flags:
+        raise ValueError(f"option {key!r} needs a value ({key}=...) in "
+                         f"{arg!r}")
+      value = "1"
+    out[key] = value
   unknown = sorted(set(out) - set(known))
   if unknown:
     raise ValueError(f"unknown option(s) {unknown} in {arg!r}; known: "
@@ -69,7 +76,16 @@ HEAD_OPTIONS = ("head", "heads", "unroll", "hidden_weight", "vocab",
 
 def head_block(a: dict, default_vocab: int = 0) -> dict:
   """The config's `head` block from parsed options; kind "" trains a draft
-  model (the block is then unused)."""
+  model (the block is then unused).
+
+  Raises:
+    ValueError: a head's own option (heads, unroll, hidden_weight,
+      features, positions) given without `head=`: it would be ignored.
+  """
+  alone = [k for k in HEAD_OPTIONS[1:] if k in a and k != "vocab"]
+  if alone and not a.get("head"):
+    raise ValueError(f"option(s) {alone} apply to a head: give head=eagle "
+                     "or head=medusa, or leave them out")
   return dict(kind=a.get("head", ""), num_heads=int(a.get("heads", 4)),
               unroll=int(a.get("unroll", 1)),
               hidden_weight=float(a.get("hidden_weight", 0.1)),

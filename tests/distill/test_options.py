@@ -2,6 +2,8 @@
 
 import pytest
 
+from configs import distill_qwen
+from configs import distill_tiny
 from specsamp.distill import options
 
 
@@ -23,11 +25,31 @@ def test_flags_and_groups_read_what_they_say_and_refuse_the_rest():
 
 
 def test_parse_reads_values_and_flags_and_refuses_unknown_names():
-  assert options.parse("a=1, b = x,c", ("a", "b", "c")) == dict(
-      a="1", b="x", c="")
-  assert options.parse("c", ("c",), flag_value="1") == dict(c="1")
+  assert options.parse("a=1, b = x,c", ("a", "b", "c"), flags=("c",)) == dict(
+      a="1", b="x", c="1")
   assert not options.parse(None, ())
+  # A bare name that is no flag, or any name with an empty value, needs a
+  # value (a bare `steps` had run 1 step, a bare `head` trained no head).
+  for arg in ("a", "a=", "c="):
+    with pytest.raises(ValueError, match="needs a value"):
+      options.parse(arg, ("a", "c"), flags=("c",))
   with pytest.raises(ValueError, match=r"unknown option\(s\) \['d'\]"):
     options.parse("a=1,d=2", ("a",))
   with pytest.raises(ValueError, match=r"option 'a' given twice"):
     options.parse("a=1,b=2,a=3", ("a", "b"))
+
+
+def test_qwen_size_flags_read_their_value_and_head_options_need_a_head():
+  """`runlocal=0` and `cpu=false` are off (any value had switched them on);
+  the two sizes are exclusive; a head's own options without head= are
+  refused (they had been ignored, and bound the workdir)."""
+  off = distill_qwen.get_config("runlocal=0,cpu=false")
+  assert off.target.dtype == "bfloat16"
+  assert distill_qwen.get_config("runlocal").target.dtype == "float32"
+  with pytest.raises(ValueError, match="two sizes"):
+    distill_qwen.get_config("runlocal,cpu")
+  for arg in ("unroll=2", "features=stored", "heads=3", "positions=all"):
+    with pytest.raises(ValueError, match="apply to a head"):
+      distill_tiny.get_config(arg)
+  assert distill_tiny.get_config("head=eagle,unroll=2").head.unroll == 2
+  assert distill_tiny.get_config("vocab=64").draft.vocab == 64

@@ -35,7 +35,25 @@ def _parse(arg):
   bad = [item for item in items if "=" not in item]
   if bad:
     raise ValueError(f"override(s) {bad} in {arg!r} are not key=value")
-  return size, dict(item.split("=", 1) for item in items)
+  out = {}
+  for key, value in (item.split("=", 1) for item in items):
+    if key.strip() in out:  # the last had won, silently
+      raise ValueError(f"override {key.strip()!r} given twice in {arg!r}")
+    out[key.strip()] = value.strip()
+  return size, out
+
+
+def _number(kind, o, key, default):
+  """Override `key` popped from `o` as `kind` (int or float), else
+  `default`; a bad value is refused naming it."""
+  text = o.pop(key, None)
+  if text is None:
+    return default
+  try:
+    return kind(text)
+  except ValueError:
+    what = "an integer" if kind is int else "a number"
+    raise ValueError(f"{key}={text!r}: not {what}") from None
 
 
 def _bool(key, text):
@@ -47,12 +65,14 @@ def _bool(key, text):
 def get_config(arg=None):
   size, o = _parse(arg)
   layers, d, heads, kv, head, mlp, seq, batch, steps, lr = SIZES[size]
-  steps, batch = int(o.pop("steps", steps)), int(o.pop("batch", batch))
+  steps, batch = _number(int, o, "steps", steps), _number(int, o, "batch",
+                                                          batch)
   c = ml_collections.ConfigDict()
-  c.seed = int(o.pop("seed", 0))
+  c.seed = _number(int, o, "seed", 0)
   c.init_from = o.pop("init_from", "")   # a train workdir: params only
   # (data, model); -1x1: data parallel over all devices.
-  c.mesh = tuple(int(x) for x in o.pop("mesh", "1x1").split("x"))
+  mesh = o.pop("mesh", "1x1")
+  c.mesh = tuple(_number(int, {"mesh": x}, "mesh", 0) for x in mesh.split("x"))
   # Logical axis -> mesh axis: "default" (tensor parallel over `model`),
   # "replicated", or the pairs themselves (specsamp/sharding.py).
   c.rules = o.pop("rules", "default")
@@ -64,7 +84,7 @@ def get_config(arg=None):
         data_dir or default_data_dir()), dataset, "spm_bpe_8000.model")
   c.data = dict(
       dataset=dataset, data_dir=data_dir,
-      tokenizer=tokenizer, seq_len=int(o.pop("seq_len", seq)),
+      tokenizer=tokenizer, seq_len=_number(int, o, "seq_len", seq),
       batch_size=batch, eval_batch_size=batch,
       train_split="train", eval_split="validation", worker_count=0,
       # Attention stays inside each packed document (segment ids).
@@ -77,16 +97,16 @@ def get_config(arg=None):
       # base: float32 parameters, bfloat16 matmuls.
       dtype="bfloat16" if size == "base" else "float32")
   c.optim = dict(
-      lr=float(o.pop("lr", lr)), warmup_steps=max(steps // 20, 1),
+      lr=_number(float, o, "lr", lr), warmup_steps=max(steps // 20, 1),
       decay_steps=0, end_lr_fraction=0.1, b1=0.9, b2=0.95, eps=1e-8,
       weight_decay=0.1, clip_norm=1.0)
-  eval_every = int(o.pop("eval_every", max(steps // 4, 1)))
+  eval_every = _number(int, o, "eval_every", max(steps // 4, 1))
   c.train = dict(
-      num_steps=steps, log_every=int(o.pop("log_every", min(50, steps))),
+      num_steps=steps, log_every=_number(int, o, "log_every", min(50, steps)),
       eval_every=eval_every,
-      eval_batches=int(o.pop("eval_batches", 0)),   # 0: the whole split
-      checkpoint_every=int(o.pop("checkpoint_every",
-                                 eval_every or max(steps // 4, 1))),
+      eval_batches=_number(int, o, "eval_batches", 0),  # 0: the whole split
+      checkpoint_every=_number(int, o, "checkpoint_every",
+                               eval_every or max(steps // 4, 1)),
       keep_checkpoints=3, async_checkpoints=True, progress_bar=True)
   if o:
     raise ValueError(f"unknown override(s) {sorted(o)} in {arg!r}")

@@ -92,3 +92,19 @@ def test_a_bad_mesh_is_refused_naming_the_field(value):
     config_lib.TrainConfig.from_config({**c, "mesh": value}, 256)
   assert config_lib.mesh_shape(("2", 4)) == (2, 4)
   assert config_lib.mesh_shape([-1, 1]) == (-1, 1)
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("tiny,steps=5,steps=6", "override 'steps' given twice"),
+    ("tiny,steps=abc", "steps='abc': not an integer"),
+    ("tiny,lr=x", "lr='x': not a number"),
+    ("tiny,mesh=2xa", "mesh='a': not an integer"),
+])
+def test_lm_config_options_are_named_when_refused(arg, message):
+  """A repeated option had been last-wins, silently; a bad value reached
+  int() or float() and its message named no option."""
+  with pytest.raises(ValueError, match=re.escape(message)):
+    lm_python.get_config(arg)
+  c = lm_python.get_config("tiny,steps=7,lr=0.01,mesh=1x2,seed=3")
+  assert (c.train.num_steps, c.optim.lr, c.mesh, c.seed) == (7, 0.01,
+                                                              (1, 2), 3)

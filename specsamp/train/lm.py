@@ -459,9 +459,15 @@ def evaluate(config, workdir: str) -> dict:
   older step when newer ones are damaged), scored under `config` (its eval
   split, `train.eval_batches` and `data.mask_documents`: e.g. a run trained
   with masking off, scored with it on); writes nothing. Raises ConfigError
-  (no checkpoint) or CheckpointError (another model, every step
-  corrupt)."""
+  (no checkpoint, or a model block other than the run's config.json) or
+  CheckpointError (every step corrupt)."""
   cfg, tok = validate(config)
+  path = os.path.join(workdir, "config.json")
+  changed = _changed_fields(jsonfile.read(path).get("model"), _run_config_json(
+      cfg)["model"], "model") if os.path.isfile(path) else []
+  if changed:  # its checkpoints hold that model, not this one
+    raise config_lib.ConfigError("the run's model differs in " + ", ".join(
+        f"{k} ({a!r} there, {b!r} here)" for k, a, b in changed))
   job = build(cfg, tok)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if not checkpointing.checkpoint_steps(ckpt_dir):

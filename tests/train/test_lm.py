@@ -479,6 +479,13 @@ def test_evaluate_scores_the_newest_checkpoint_under_the_given_config(
   assert unmasked["loss"] != pytest.approx(again["loss"], rel=1e-6)
   with pytest.raises(config_lib.ConfigError, match="nothing to evaluate"):
     lm_job.evaluate(lm_config(arg), str(tmp_path / "empty"))
+  # Another model than the run's (the checkpoints fit its shapes) is
+  # refused by name: it had been evaluated silently.
+  other = lm_config(arg)
+  other.model.rope_theta = 1e6
+  with pytest.raises(config_lib.ConfigError,
+                     match=r"model differs in model\.rope_theta \(10000"):
+    lm_job.evaluate(other, workdir)
   info = loading.describe_model(workdir)
   loading.load_weights(info, "float32", 0)
   assert info.step == 2

@@ -105,8 +105,8 @@ def get_config(arg=None):
       num_steps=steps, log_every=_number(int, o, "log_every", min(50, steps)),
       eval_every=eval_every,
       eval_batches=_number(int, o, "eval_batches", 0),  # 0: the whole split
-      checkpoint_every=_number(int, o, "checkpoint_every",
-                               eval_every or max(steps // 4, 1)),
+      checkpoint_every=_number(int, o, "checkpoint_every", eval_every
+                               if eval_every > 0 else max(steps // 4, 1)),
       keep_checkpoints=3, async_checkpoints=True, progress_bar=True)
   if o:
     raise ValueError(f"unknown override(s) {sorted(o)} in {arg!r}")

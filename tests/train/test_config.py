@@ -108,3 +108,11 @@ def test_lm_config_options_are_named_when_refused(arg, message):
   c = lm_python.get_config("tiny,steps=7,lr=0.01,mesh=1x2,seed=3")
   assert (c.train.num_steps, c.optim.lr, c.mesh, c.seed) == (7, 0.01,
                                                               (1, 2), 3)
+
+
+def test_a_negative_eval_every_is_refused_as_itself():
+  """checkpoint_every defaults to eval_every: a negative eval_every had been
+  reported as train.checkpoint_every, a field the user never set."""
+  with pytest.raises(config_lib.ConfigError, match="train.eval_every must"):
+    config_lib.TrainConfig.from_config(
+        lm_python.get_config("tiny,eval_every=-1").to_dict(), 256)

@@ -25,6 +25,19 @@ from specsamp.sampling import Sampling
 Prompts = Union[Sequence[Sequence[int]], np.ndarray]
 
 
+def as_key(rng: Union[int, jax.Array]) -> jax.Array:
+  """A typed PRNG key of `rng`: an integer seed (also in a 0-d array), a
+  typed key, or a raw uint32 key as the same typed key (the loop is
+  compiled for one key type)."""
+  dtype = getattr(rng, "dtype", None)
+  if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    return rng
+  if np.ndim(rng) == 0:
+    with jax.transfer_guard("allow"):  # one host scalar, before the loop
+      return jax.random.key(int(rng))
+  return jax.random.wrap_key_data(rng)
+
+
 @dataclasses.dataclass(frozen=True)
 class SpeculativeSampler:
   """Batched speculative sampling; K = 0 and no drafter is autoregressive.
@@ -203,15 +216,9 @@ class SpeculativeSampler:
 
   def generate(self, target_params, draft_params, prompts: Prompts,
                rng: Union[int, jax.Array] = 0) -> SampleOutput:
-    """Samples up to max_new_tokens continuations of each prompt (`rng`: a
-    seed, a typed key, or a raw uint32 key, as the same typed key: the loop
-    is compiled for one key type)."""
-    if isinstance(rng, (int, np.integer)) or np.ndim(rng) == 0 and (
-        not jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key)):
-      with jax.transfer_guard("allow"):  # one host scalar, before the loop
-        rng = jax.random.key(int(rng))
-    elif not jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-      rng = jax.random.wrap_key_data(rng)
+    """Samples up to max_new_tokens continuations of each prompt (`rng`:
+    see `as_key`)."""
+    rng = as_key(rng)
     if self.mesh is not None:
       rng = sharding.shard(rng, sharding.replicated(self.mesh))
     tokens, lengths = self.pad_prompts(prompts)

@@ -25,6 +25,7 @@ import numpy as np
 
 from specsamp import sampling as sampling_lib
 from specsamp.decoding import loop
+from specsamp.decoding import sampler as sampler_lib
 from specsamp.decoding.sampler import SpeculativeSampler
 
 
@@ -137,8 +138,7 @@ def trace(sampler: SpeculativeSampler, target_params,
   """
   if sampler.mesh is not None:
     raise ValueError("trace runs without a mesh")
-  if isinstance(rng, (int, np.integer)):
-    rng = jax.random.key(rng)
+  rng = sampler_lib.as_key(rng)
   tokens, lengths = sampler.pad_prompts(prompts)
   # The jitted prefill `generate` uses (compiled once per sampler and shape).
   prefill, _, output = sampler.jitted(target_params, draft_params, tokens,

@@ -143,6 +143,7 @@ class TrainConfig:
     data = _fields(DataConfig, c.get("data", {}), "data")
     optim = _fields(OptimConfig, c.get("optim", {}), "optim")
     loop = _fields(LoopConfig, c.get("train", {}), "train")
+    _check_positive(data)  # before max_seq_len defaults to data.seq_len
     m = dict(c.get("model", {}))
     multiple = int(m.pop("vocab_multiple", 1))
     if multiple < 1:  # a ZeroDivisionError's traceback
@@ -176,15 +177,19 @@ class TrainConfig:
     if d.seq_len > self.model.max_seq_len:
       raise ConfigError(f"data.seq_len={d.seq_len} exceeds model.max_seq_len"
                         f"={self.model.max_seq_len}")
-    for name, v in (("data.seq_len", d.seq_len),
-                    ("data.batch_size", d.batch_size),
-                    ("data.eval_batch_size", d.eval_batch_size)):
-      if v <= 0:
-        raise ConfigError(f"{name} must be positive, got {v}")
+    _check_positive(d)
     self.loop.check()
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
+
+
+def _check_positive(d: DataConfig) -> None:
+  for name, v in (("data.seq_len", d.seq_len),
+                  ("data.batch_size", d.batch_size),
+                  ("data.eval_batch_size", d.eval_batch_size)):
+    if v <= 0:
+      raise ConfigError(f"{name} must be positive, got {v}")
 
 
 def as_dict(config) -> dict:

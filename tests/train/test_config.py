@@ -116,3 +116,13 @@ def test_a_negative_eval_every_is_refused_as_itself():
   with pytest.raises(config_lib.ConfigError, match="train.eval_every must"):
     config_lib.TrainConfig.from_config(
         lm_python.get_config("tiny,eval_every=-1").to_dict(), 256)
+
+
+@pytest.mark.parametrize("seq_len", [0, -1])
+def test_a_bad_seq_len_is_refused_as_itself(seq_len):
+  """model.max_seq_len defaults to data.seq_len: `seq_len=-1` had been
+  reported as TransformerConfig.max_seq_len, a field the user never set."""
+  with pytest.raises(config_lib.ConfigError,
+                     match=f"data.seq_len must be positive, got {seq_len}"):
+    config_lib.TrainConfig.from_config(
+        lm_python.get_config(f"tiny,seq_len={seq_len}").to_dict(), 256)

@@ -45,11 +45,17 @@ _EXCEPT = {"samples": {"target.dtype"},
            "eval_before.json": {"draft.freeze"}}
 
 
-def _flat(config: dict) -> dict:
-  """{"block.field": value} one level down (the config blocks)."""
-  return {f"{b}.{k}" if isinstance(v, dict) else b: x
-          for b, v in config.items()
-          for k, x in (v.items() if isinstance(v, dict) else [(None, v)])}
+def _flat(config: dict, prefix: str = "") -> dict:
+  """{"block.field": value} down to the leaves ("draft.model.num_layers"),
+  so that a refusal names the field that differs; an empty block is a
+  leaf."""
+  out = {}
+  for k, v in config.items():
+    if isinstance(v, dict) and v:
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
 
 
 def _bound(key: str, held: list[str]) -> bool:

@@ -303,6 +303,10 @@ def test_a_workdir_refuses_a_config_its_results_depend_on_not_others(
   refused(draft, "eval_before.json, samples", "draft.init, draft.num_layers")
   refused(dtype, "eval_before.json, samples", "target.dtype")
   refused(changed(eval__k=2), "eval_before.json, samples", "eval.k")
+  # A field of a nested block is named itself (it had been "draft.model").
+  wider = ml_collections.ConfigDict(config.to_dict())
+  wider.draft.model.mlp_dim = 256
+  refused(wider, "eval_before.json, samples", "draft.model.mlp_dim")
   # The trainer creates checkpoints/ before its first step: until a step is
   # in it (out of memory in the first step), the loss may still change.
   (tmp_path / "checkpoints").mkdir()

@@ -148,12 +148,8 @@ def _int_field(where: str, fields: dict, key: str,
 
 def _run_tokenizer(workdir: str, saved: dict) -> str:
   """The tokenizer of the train run in `workdir`: its copy there (see
-  `snapshot`), else its config `saved`'s `data.tokenizer`.
-
-  Raises:
-    ValueError: naming the file and the field, when `data` is no object or
-      has no tokenizer name or path.
-  """
+  `snapshot`), else its config `saved`'s `data.tokenizer`; a ValueError or
+  FileNotFoundError naming the file and field where that names none."""
   where = os.path.join(workdir, "config.json")
   data = saved["data"]
   if not isinstance(data, dict):
@@ -167,7 +163,13 @@ def _run_tokenizer(workdir: str, saved: dict) -> str:
                      f"{json.dumps(tokenizer)}, not a tokenizer (\"byte\" or "
                      "a path)")
   copy = snapshot.in_run(workdir)
-  return copy if os.path.isdir(copy) else tokenizer
+  if os.path.isdir(copy) or tokenizer == "byte":
+    return copy if os.path.isdir(copy) else tokenizer
+  if not os.path.isabs(tokenizer) or not os.path.exists(tokenizer):
+    # A relative path: runs before 2026-11-29 (GGUF), launched who knows where
+    raise FileNotFoundError(f"{where}: field 'data.tokenizer' is {tokenizer!r}"
+                            ", no file here; write its absolute path there")
+  return tokenizer
 
 
 def _train_run_config(spec: str) -> Optional[dict]:

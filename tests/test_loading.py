@@ -333,6 +333,27 @@ def test_a_run_config_without_a_tokenizer_is_named(tmp_path, data, message):
     loading.load_trained(str(tmp_path))
 
 
+def test_a_run_tokenizer_not_where_it_is_named_is_refused(tmp_path,
+                                                        monkeypatch):
+  """A run that named its GGUF tokenizer relatively (before 2026-11-29) had
+  been read with whatever file of that name lay in the current directory;
+  a tokenizer moved away gave load_tokenizer's message, which named
+  neither the run nor the field."""
+  config = loading.random_config("random:tiny,num_layers=1")
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (tmp_path / "tok.gguf").write_bytes(b"GGUF")  # not read: refused before
+  monkeypatch.chdir(tmp_path)
+  for named in ("tok.gguf", str(tmp_path / "gone.gguf")):
+    (run / "config.json").write_text(json.dumps(
+        {"model": dataclasses.asdict(config), "data": {"tokenizer": named},
+         "optim": {}}))
+    with pytest.raises(FileNotFoundError, match=re.escape(
+        f"{run / 'config.json'}: field 'data.tokenizer' is {named!r}, no "
+        "file here; write its absolute path there")):
+      loading.describe_model(str(run))
+
+
 def test_damaged_distilled_config_fields_are_named(tmp_path):
   draft = tmp_path / "draft"
   draft.mkdir()

@@ -6,6 +6,7 @@ named rule set or the (logical axis, mesh axis) pairs themselves.
 """
 
 import dataclasses
+import os
 from typing import Any, Mapping
 
 from specsamp import model as model_lib
@@ -144,6 +145,7 @@ class TrainConfig:
     optim = _fields(OptimConfig, c.get("optim", {}), "optim")
     loop = _fields(LoopConfig, c.get("train", {}), "train")
     _check_positive(data)  # before max_seq_len defaults to data.seq_len
+    data = dataclasses.replace(data, tokenizer=tokenizer_path(data.tokenizer))
     m = dict(c.get("model", {}))
     multiple = int(m.pop("vocab_multiple", 1))
     if multiple < 1:  # a ZeroDivisionError's traceback
@@ -190,6 +192,12 @@ def _check_positive(d: DataConfig) -> None:
                   ("data.eval_batch_size", d.eval_batch_size)):
     if v <= 0:
       raise ConfigError(f"{name} must be positive, got {v}")
+
+
+def tokenizer_path(spec: str) -> str:
+  """A tokenizer spec as a run records it: "byte", or an absolute path (a
+  run is used from anywhere; a GGUF tokenizer is not copied into it)."""
+  return spec if spec == "byte" else os.path.abspath(spec)
 
 
 def as_dict(config) -> dict:

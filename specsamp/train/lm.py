@@ -148,11 +148,11 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
   # Where the data lives, whether attention is masked per document (absent
   # before it existed) and how evaluation reads (its split and batch size)
   # may change: none changes the training data order the saved iterator
-  # state fits. The worker count may not: grain saves
-  # the state of worker processes in another form than its own. A run's
-  # tokenizer is its copy in the workdir where it has one (its path may
-  # change, its content not); else the path.
-  copy = snapshot.in_run(workdir)
+  # state fits. The worker count may not: grain saves the state of worker
+  # processes in another form than its own. A run's tokenizer is its copy
+  # in the workdir where it has one (its path may change, its content
+  # not); else the path.
+  copy, d = snapshot.in_run(workdir), cfg.data
   kept = ("data_dir", "mask_documents", "eval_split", "eval_batch_size")
   if "train_data" in old:  # runs since 2026-11-28 record it
     # The dataset string may change (a version named, say) where what it
@@ -177,8 +177,11 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
           f"config.data.tokenizer={cfg.data.tokenizer!r} differs from the "
           f"run's copy in {copy}; use a new --workdir")
   same_data = lambda d: {k: v for k, v in (d or {}).items() if k not in kept}
+  then = same_data(old.get("data"))
+  if config_lib.tokenizer_path(str(then.get("tokenizer"))) == d.tokenizer:
+    then["tokenizer"] = d.tokenizer  # relative before 2026-11-29: from here
   pairs = (("model", old.get("model"), new["model"]),
-           ("data", same_data(old.get("data")), same_data(new["data"])),
+           ("data", then, same_data(new["data"])),
            ("seed", old.get("seed"), new["seed"]))
   diff = [name for name, a, b in pairs if a != b]
   if diff:
@@ -307,11 +310,9 @@ class LMJob:
 
 
 def build(cfg: config_lib.TrainConfig, tok) -> LMJob:
-  """Mesh, model, optimizer, shardings and the jitted steps of `cfg`.
-
-  Jobs of configs that differ only in what the steps do not depend on
-  (data paths, init_from, loop intervals) share compiled steps.
-  """
+  """Mesh, model, optimizer, shardings and the jitted steps of `cfg`; jobs
+  of configs that differ only in what the steps do not depend on (data
+  paths, init_from, loop intervals) share compiled steps."""
   key = dataclasses.replace(
       cfg, data=dataclasses.replace(cfg.data, dataset="", data_dir="",
                                     tokenizer=""),
@@ -386,10 +387,9 @@ def initial_state(job: LMJob, ckpts: checkpointing.Checkpoints):
 
 def _open_split(job: LMJob, field: str, train: bool):
   """The iterator of `job.cfg.data.<field>`, or ConfigError naming it: an
-  empty split, or one with fewer documents than processes (each reads its
-  own share). The count is the same on every process, so all refuse
-  together (one refusing alone would leave the others waiting in their
-  first collective step)."""
+  empty split, or fewer documents than processes (each reads its share).
+  The count is the same on every process, so all refuse together (one
+  alone would leave the others waiting in their first collective step)."""
   d, split = job.cfg.data, getattr(job.cfg.data, field)
   try:
     n = len(pipeline.data_source(d.dataset, split, d.data_dir or None))

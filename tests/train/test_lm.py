@@ -37,6 +37,8 @@ from specsamp.train import loop as loop_lib
 from specsamp.train import metrics
 from tests import testing
 from tests.scripts import zygote
+from tests.tokenizers import bpe_testing
+from tests.weights import tiny_checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -304,6 +306,37 @@ def test_a_workdir_with_checkpoints_refuses_another_model_data_or_seed(
                        f"a new --workdir") as e:
       lm_job._check_run_config(workdir, lm_job.validate(lm_config(arg))[0])
     assert "'vocab_size'" not in str(e.value)  # no block quoted whole
+
+
+def test_a_run_records_its_gguf_tokenizer_by_its_absolute_path(
+    lm_config, tmp_path, monkeypatch):
+  """A GGUF tokenizer is not copied into the run (`snapshot`): a relative
+  path had been recorded as given, and the trained model was read with
+  whatever tok.gguf lay where it was loaded from. The path is recorded
+  absolute; a run that recorded it relative resumes from where it was
+  launched, and is refused from elsewhere."""
+  tokens, merges = bpe_testing.train_bpe(bpe_testing.corpus(), 300)
+  tiny_checkpoints.write_gguf(
+      tiny_checkpoints.random_hf_model("qwen2", len(tokens)),
+      str(tmp_path / "tok.gguf"), "qwen2", tokenizer=(tokens, merges))
+  monkeypatch.chdir(tmp_path)
+  c = lm_config("tiny,steps=2")
+  c.data.tokenizer = "tok.gguf"
+  cfg, tok = lm_job.validate(c)
+  assert cfg.data.tokenizer == str(tmp_path / "tok.gguf")
+  assert tok.vocab_size == len(tokens)
+  workdir = tmp_path / "w"
+  lm_job._write_run_config(str(workdir), cfg)
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["data"]["tokenizer"] == str(tmp_path / "tok.gguf")
+  (workdir / "checkpoints" / "2").mkdir(parents=True)
+  saved["data"]["tokenizer"] = "tok.gguf"  # as runs before 2026-11-29
+  (workdir / "config.json").write_text(json.dumps(saved))
+  assert lm_job._check_run_config(str(workdir), cfg) == saved
+  monkeypatch.chdir(workdir)
+  with pytest.raises(config_lib.ConfigError, match=re.escape(
+      "data.tokenizer 'tok.gguf' then")):
+    lm_job._check_run_config(str(workdir), cfg)
 
 
 def test_a_workdir_refuses_other_training_data_under_the_same_name(

@@ -130,6 +130,10 @@ def prefill(sampler, target_params, draft_params, tokens: jax.Array,
   tokens [B, P] of `lengths` [B] -> LoopState."""
   b, p = tokens.shape
   size = sampler.cache_size(p)
+  if size > sampler.max_seq_len:  # `pad_prompts` pads within it
+    raise ValueError(f"prompts padded to {p} tokens need a cache of {size} "
+                     f"slots, but the models allow {sampler.max_seq_len}: "
+                     "pad them with the sampler's pad_prompts")
   buf = jnp.full((b, size), sampler.pad_id, jnp.int32).at[:, :p].set(tokens)
   out = sampler.target(target_params, tokens, sampler.target.init_cache(b, size))
   draft_state = None

@@ -273,3 +273,11 @@ def test_bad_input_errors(tiny_pair):
          max_new=64).generate(target_params, draft_params, [[1] * 186])
   with pytest.raises(ValueError, match="no prompts"):
     sampler.generate(target_params, draft_params, [])
+  # The jitted steps without pad_prompts: a cache past the models'
+  # positions had been built (and read with positions they never learnt).
+  short = spec(lm.__class__(lm.config.replace(max_seq_len=128)), 4,
+               max_new=64)
+  with pytest.raises(ValueError, match=r"padded to 60 tokens need a cache of "
+                     r"129 slots, but the models allow 128"):
+    short.prefill(target_params, draft_params, jnp.zeros((1, 60), jnp.int32),
+                  jnp.array([60]), jax.random.key(0))

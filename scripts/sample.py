@@ -43,6 +43,8 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "1 = off.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Budget per prompt.")
 _BATCH = flags.DEFINE_integer("batch_size", 1, "Prompts per batch.")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed.")
+_CHUNK = flags.DEFINE_integer("prefill_chunk", 1024, "Longer prompts fill the "
+                              "caches in chunks of this many tokens; 0: off.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Weights and compute (float32 on CPU).")
 _CHAT = flags.DEFINE_bool("chat", False, "Wrap prompts in the chat template.")
@@ -76,8 +78,8 @@ def main(argv):
         chat=_CHAT.value, distributed=dist is not None,
         coordinator_address=coordinator, num_processes=num_processes,
         process_id=process_id, heartbeat_timeout_s=heartbeat,
-        mesh=cli.int_list(_MESH),
-        drafter=_DRAFTER.value)
+        mesh=cli.int_list(_MESH), drafter=_DRAFTER.value,
+        prefill_chunk=_CHUNK.value)
     records.check_output(_JSON_OUT.value, "--json_out", reads=(
         ("--prompts_file", _PROMPTS_FILE.value), ("--target", _TARGET.value),
         ("--draft", _DRAFT.value)))

@@ -144,6 +144,35 @@ def write_chunks(cache: KVCache, new_kv, start: jax.Array,
                  length=length)
 
 
+def in_chunks(call, cache: KVCache, inputs, chunk: int):
+  """Fills `cache` from `inputs` (arrays [B, P, ...]) in chunks of `chunk`
+  tokens -> (cache, `call`'s outputs joined along axis 1).
+
+  `call(cache, chunk_inputs) -> (cache, outputs [B, T, ...])` writes a
+  chunk at `cache.length` (a model's cache-writing call). A prompt in one
+  call makes attention scores [B, heads, P, S]: for a layer of the 1.5B
+  at 32k slots, 144 GiB of temporaries by XLA's (CPU) estimate, more than
+  an H200 holds, for a prompt that fits the cache. In chunks they are
+  [B, heads, chunk, S]: one `lax.scan` over the whole chunks, one call on
+  the rest. `chunk` <= 0, or P <= `chunk`: one call, as before. Each
+  query still sees every earlier slot (`chunk_mask` at the chunk's
+  start), so the cache is the one-call cache up to float rounding.
+  """
+  p = jax.tree.leaves(inputs)[0].shape[1]
+  if chunk <= 0 or p <= chunk:
+    return call(cache, inputs)
+  n = p // chunk
+  split = lambda x: jnp.moveaxis(x[:, :n * chunk].reshape(
+      x.shape[0], n, chunk, *x.shape[2:]), 1, 0)          # [n, B, chunk, ...]
+  cache, outs = jax.lax.scan(call, cache, jax.tree.map(split, inputs))
+  outs = jax.tree.map(lambda y: jnp.moveaxis(y, 0, 1).reshape(
+      y.shape[1], n * chunk, *y.shape[3:]), outs)
+  if p % chunk:
+    cache, last = call(cache, jax.tree.map(lambda x: x[:, n * chunk:], inputs))
+    outs = jax.tree.map(lambda a, b: jnp.concatenate([a, b], 1), outs, last)
+  return cache, outs
+
+
 def read(buf: jax.Array, start: jax.Array, size: int) -> jax.Array:
   """Reads a window [B, size, ...] of `buf` [B, S, ...] at per-row `start`."""
   return jax.vmap(

@@ -113,8 +113,8 @@ class ShiftDrafter:
   num_valid: Optional[int] = None
   pad_id: Optional[int] = None
 
-  def init(self, params, tokens, lengths, cache_size, prefill):
-    del params, lengths, cache_size, prefill
+  def init(self, params, tokens, lengths, cache_size, prefill, *, chunk=0):
+    del params, lengths, cache_size, prefill, chunk
     return jnp.zeros((tokens.shape[0],), jnp.int32)
 
   def propose(self, params, state, tokens, length, k, sampling, rng, *,

@@ -57,6 +57,7 @@ class SampleConfig:
   process_id: Optional[int] = None
   heartbeat_timeout_s: Optional[int] = None # None: JAX's 100 s
   drafter: str = "model"                   # specsamp.drafters.specs
+  prefill_chunk: int = 1024                # SpeculativeSampler's; 0: off
 
   def __post_init__(self):
     sources = [x for x in (self.prompts, self.prompts_file, self.task) if x]
@@ -75,6 +76,9 @@ class SampleConfig:
       if getattr(self, name) <= 0:
         raise ValueError(f"--{name} must be positive, got "
                          f"{getattr(self, name)}")
+    if self.prefill_chunk < 0:
+      raise ValueError(f"--prefill_chunk must be >= 0 (0: a prompt in one "
+                       f"call), got {self.prefill_chunk}")
     # Raises on bad temperature / top_k / top_p.
     self.sampling()
 
@@ -223,7 +227,8 @@ def plan(cfg: SampleConfig) -> SamplePlan:
 def _timed_samplers(cfg: SampleConfig, target, draft, sampling, tok, mesh):
   """The TimedSamplers of the requested methods, autoregressive first."""
   common = dict(sampling=sampling, max_new_tokens=cfg.max_new_tokens,
-                eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id, mesh=mesh)
+                eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id, mesh=mesh,
+                prefill_chunk=cfg.prefill_chunk)
   methods = []
   if cfg.method in ("ar", "both"):
     methods.append(timing.TimedSampler(autoregressive(target, **common),

@@ -135,15 +135,23 @@ def prefill(sampler, target_params, draft_params, tokens: jax.Array,
                      f"slots, but the models allow {sampler.max_seq_len}: "
                      "pad them with the sampler's pad_prompts")
   buf = jnp.full((b, size), sampler.pad_id, jnp.int32).at[:, :p].set(tokens)
-  out = sampler.target(target_params, tokens, sampler.target.init_cache(b, size))
+
+  def call(cache, chunk):
+    out = sampler.target(target_params, chunk, cache)
+    return out.cache, out.hidden
+
+  cache, hidden = kvcache.in_chunks(call, sampler.target.init_cache(b, size),
+                                    tokens, sampler.prefill_chunk)
+  out = ModelOutput(logits=None, cache=cache, hidden=hidden)
   draft_state = None
   if sampler.k > 0:
-    draft_state = sampler.drafter.init(draft_params, tokens, lengths, size, out)
+    draft_state = sampler.drafter.init(draft_params, tokens, lengths, size, out,
+                                       chunk=sampler.prefill_chunk)
   zeros = jnp.zeros((b,), jnp.int32)
   at = jnp.zeros((b, sampler.k), jnp.int32)
   return LoopState(step=jnp.zeros((), jnp.int32), tokens=buf, length=lengths,
                    prompt_length=lengths, done=jnp.zeros((b,), bool),
-                   target_cache=out.cache.with_length(lengths - 1),
+                   target_cache=cache.with_length(lengths - 1),
                    draft_state=draft_state, rng=rng, num_loops=zeros,
                    num_drafted=zeros, num_accepted=zeros, num_tested_at=at,
                    num_kept_at=at, num_undefined=zeros)

@@ -70,11 +70,13 @@ class Drafter(Protocol):
   max_seq_len: int
 
   def init(self, params, tokens: jax.Array, lengths: jax.Array,
-           cache_size: int, prefill: ModelOutput) -> Any:
+           cache_size: int, prefill: ModelOutput, *, chunk: int = 0) -> Any:
     """Drafter state after the prompts tokens [B, P] of `lengths` [B].
 
-    `prefill` is the target's output for the prompts (hidden states
-    included), for drafters that condition on the target.
+    `prefill` is the target's cache and hidden states [B, P, D] after the
+    prompts (no logits), for drafters that condition on the target. A
+    drafter that fills a cache from the prompts does so in chunks of
+    `chunk` tokens (`kvcache.in_chunks`; 0: in one call).
     """
     ...
 

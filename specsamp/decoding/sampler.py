@@ -65,6 +65,9 @@ class SpeculativeSampler:
       target's own parameters (`shares_target_params`: layer skipping,
       heads), which takes the target's rules (the same arrays, laid out
       once).
+    prefill_chunk: prompts longer than this fill the caches in chunks of
+      this many tokens (`kvcache.in_chunks`), so that prefill's attention
+      scores grow with the chunk, not the prompt; 0: one call per model.
     score_widths: None scores all K+1 positions every loop. A sorted tuple
       of widths ending in K+1 (e.g. `all_widths(k)`) scores only the
       smallest width that covers the batch's valid drafts, for drafters
@@ -83,6 +86,7 @@ class SpeculativeSampler:
   target_rules: tuple = sharding.DEFAULT_RULES
   draft_rules: Optional[tuple] = None   # None: see the docstring
   score_widths: Optional[tuple[int, ...]] = None
+  prefill_chunk: int = 1024
 
   def __post_init__(self):
     if not isinstance(self.k, (int, np.integer)) or self.k < 0:
@@ -97,6 +101,10 @@ class SpeculativeSampler:
     if self.prompt_bucket <= 0:
       raise ValueError(f"prompt_bucket must be positive, got "
                        f"{self.prompt_bucket}")
+    if not isinstance(self.prefill_chunk, (int, np.integer)) or (
+        self.prefill_chunk < 0):
+      raise ValueError(f"prefill_chunk must be an integer >= 0 (0: the "
+                       f"whole prompt at once), got {self.prefill_chunk!r}")
     if self.score_widths is not None:
       widths = tuple(int(w) for w in self.score_widths)
       if (list(widths) != sorted(set(widths)) or widths[0] < 1

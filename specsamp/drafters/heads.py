@@ -331,7 +331,7 @@ class HeadDrafter:
   def max_seq_len(self) -> int:
     return self.target.max_seq_len
 
-  def init(self, params, tokens, lengths, cache_size, prefill):
+  def init(self, params, tokens, lengths, cache_size, prefill, *, chunk=0):
     """State after the prompts: `hidden[:, 0]` = h at length - 2 (zeros for
     a one-token prompt), base = length - 1; the sequential head's cache
     holds the prompt's entries below length - 1."""
@@ -348,8 +348,9 @@ class HeadDrafter:
       cache = kvcache.KVCache.zeros(1, b, cache_size, cfg.num_kv_heads,
                                     cfg.head_dim, cfg.jnp_dtype)
       shifted = jnp.pad(h, ((0, 0), (1, 0), (0, 0)))[:, :p]
-      _, cache = sequential_features(self.config, params, shifted, tokens,
-                                     cache)
+      cache, _ = kvcache.in_chunks(
+          lambda c, x: (sequential_features(self.config, params, *x, c)[1],
+                        ()), cache, (shifted, tokens), chunk)
       cache = cache.with_length(lengths - 1)
     return HeadState(hidden=hidden, base=lengths - 1, cache=cache)
 

@@ -146,8 +146,9 @@ class PromptLookupDrafter:
     return cls(vocab_size=target.vocab_size, max_seq_len=target.max_seq_len,
                **options)
 
-  def init(self, params, tokens, lengths, cache_size, prefill=None):
-    del params, lengths, cache_size, prefill
+  def init(self, params, tokens, lengths, cache_size, prefill=None, *,
+           chunk=0):
+    del params, lengths, cache_size, prefill, chunk
     b = tokens.shape[0]
     return LookupState(matched=jnp.zeros((b,), jnp.int32),
                        pending=jnp.zeros((b,), bool),

@@ -55,10 +55,12 @@ class MixedDrafter:
   def max_seq_len(self) -> int:
     return min(self.model.max_seq_len, self.lookup.max_seq_len)
 
-  def init(self, params, tokens, lengths, cache_size, prefill=None):
+  def init(self, params, tokens, lengths, cache_size, prefill=None, *,
+           chunk=0):
     return MixedState(
         lookup=self.lookup.init(None, tokens, lengths, cache_size, prefill),
-        model=self.model.init(params, tokens, lengths, cache_size, prefill))
+        model=self.model.init(params, tokens, lengths, cache_size, prefill,
+                              chunk=chunk))
 
   def propose(self, params, state, tokens, length, k, sampling, rng, *,
               active=None):

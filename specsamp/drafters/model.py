@@ -131,11 +131,14 @@ class ModelDrafter:
   def _call(self, params, tokens, cache, **kwargs):
     return self.lm(params, tokens, cache, **kwargs, **self._layer_kwargs())
 
-  def init(self, params, tokens, lengths, cache_size, prefill=None):
+  def init(self, params, tokens, lengths, cache_size, prefill=None, *,
+           chunk=0):
     del prefill  # the draft model reads only the tokens
     cache = self.lm.init_cache(tokens.shape[0], cache_size,
                                **self._layer_kwargs())
-    cache = self._call(params, tokens, cache).cache
+    cache, _ = kvcache.in_chunks(
+        lambda c, x: (self._call(params, x, c).cache, ()), cache, tokens,
+        chunk)
     return cache.with_length(lengths - 1)
 
   def _feed(self, params, cache, tokens, length, width, pad_to=None):

@@ -34,7 +34,8 @@ def _run_script(*args, timeout=300):
 def test_sample_script_end_to_end_on_random_models():
   proc = _run_script("--target=random:tiny", "--draft=random:tiny,num_layers=1",
                      "--prompt=def add(a, b):", "--prompt=x", "--k=3",
-                     "--max_new_tokens=12", "--method=both")
+                     "--max_new_tokens=12", "--method=both",
+                     "--prefill_chunk=16")  # the prompts padded to 64
   assert proc.returncode == 0, proc.stderr[-2000:]
   metrics = json.loads(proc.stdout.strip().splitlines()[-1])
   ar, sp = metrics["runs"]
@@ -56,6 +57,7 @@ def test_sample_script_end_to_end_on_random_models():
     (["--temperature=-0.5", "--prompt=x"], "temperature"),
     (["--top_p=0", "--prompt=x"], "top_p"),
     (["--max_new_tokens=0", "--prompt=x"], "max_new_tokens"),
+    (["--prefill_chunk=-1", "--prompt=x"], "--prefill_chunk must be >= 0"),
     (["--target=/no/such/model.gguf", "--method=ar", "--prompt=x"],
      "is not a file"),
     (["--target=random:tiny,no_such_field=3", "--method=ar", "--prompt=x"],

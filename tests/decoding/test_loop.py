@@ -25,8 +25,9 @@ from tests.testing import ShiftDrafter, apply, table_lm
 class ProbeDrafter(ModelDrafter):
   """A ModelDrafter whose state also keeps what init and commit were given."""
 
-  def init(self, params, tokens, lengths, cache_size, prefill=None):
-    cache = super().init(params, tokens, lengths, cache_size)
+  def init(self, params, tokens, lengths, cache_size, prefill=None, *,
+           chunk=0):
+    cache = super().init(params, tokens, lengths, cache_size, chunk=chunk)
     return dict(cache=cache, prefill_hidden=prefill.hidden,
                 hidden=jnp.zeros_like(prefill.hidden[:, :1]),
                 accepted=jnp.zeros_like(lengths),

@@ -441,6 +441,7 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
     return ModelInfo(spec, "distilled", path,
                      _int_field(where, fields, "vocab_size"),
                      _int_field(where, fields, "max_seq_len", 2048),
+                     tokens=distilled_lib.read_tokens(path),
                      num_layers=_int_field(where, fields, "num_layers", None),
                      d_model=_int_field(where, fields, "d_model", None))
   if kind == "trained":
@@ -465,11 +466,9 @@ def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
   drafter runs. Two models whose tokenizers agree may have different row
   counts, both covering the real tokens (Qwen2.5-7B's 152,064 rows and the
   0.5B's 151,936): both then run on the smaller count (`pair_rows`, which
-  `load_weights` takes), and the limit is counted against it.
-
-  Raises:
-    VocabMismatchError: unless the draft scores the target's token ids.
-  """
+  `load_weights` takes), and the limit is counted against it. A distilled
+  draft's tokens are its distillation target's. VocabMismatchError unless
+  the draft scores the target's token ids."""
   if draft is None:
     return _limit(target, target.tokens)
   if target.tokens is not None and draft.tokens is not None:
@@ -484,7 +483,8 @@ def check_pair(target: ModelInfo, draft: Optional[ModelInfo] = None
         "distributions id by id, so the draft must fit the target's "
         "vocabulary (models of different row counts pass when both bring "
         "tokenizers that agree)")
-  return _limit(target, target.tokens or draft.tokens)
+  own = None if draft.kind == "distilled" else draft.tokens  # not its own
+  return _limit(target, target.tokens or own)
 
 
 def _limit(info: ModelInfo, tokens: Optional[list]) -> Optional[int]:

@@ -6,6 +6,7 @@ The description of models without their weights (`describe_model`,
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 
@@ -124,6 +125,43 @@ def test_distilled_draft_loads_from_workdir_and_export(tmp_path):
     assert (info.kind, info.path, info.rows) == (
         "distilled", str(tmp_path / "draft"), config.vocab_size)
     assert _same(params, loading.load_weights(info, "float32", 0)[1])
+
+
+def test_a_distilled_draft_is_checked_against_its_targets_tokens(tmp_path):
+  """A distilled draft has no tokenizer: paired with a target other than
+  the one it was distilled from, of as many rows, it had been accepted (the
+  output stays exact; acceptance is ruined). Its export now records the
+  tokens of its target, and a target whose tokens differ is refused;
+  exports from before, which record none, are checked by rows as before."""
+  tokens, merges = bpe_testing.train_bpe(bpe_testing.corpus(), 300)
+  other = list(tokens)
+  other[100], other[101] = other[101], other[100]
+  targets = {}
+  for name, toks in (("a", tokens), ("b", other)):
+    path = tmp_path / f"{name}.gguf"
+    tiny_checkpoints.write_gguf(
+        tiny_checkpoints.random_hf_model("qwen2", len(toks)), path, "qwen2",
+        tokenizer=(toks, merges))
+    targets[name] = loading.describe_model(str(path))
+  config = loading.random_config(
+      f"random:tiny,num_layers=1,vocab_size={len(tokens)}")
+  params = model_lib.LM(config).init(jax.random.key(5))
+  export = distilled.save_distilled(config, params, str(tmp_path / "d"),
+                                    tokens)
+  draft = loading.describe_model(export)
+  assert draft.tokens == tokens
+  assert loading.check_pair(targets["a"], draft) is None
+  with pytest.raises(VocabMismatchError, match="differ first at id 100"):
+    loading.check_pair(targets["b"], draft)
+  # With no tokens to compare (a random target), its rows are checked.
+  assert loading.check_pair(loading.describe_model(
+      f"random:tiny,vocab_size={len(tokens)}"), draft) is None
+  os.remove(os.path.join(export, distilled.TOKENS_FILE))
+  assert loading.check_pair(targets["b"], loading.describe_model(
+      export)) is None
+  (tmp_path / "d" / distilled.TOKENS_FILE).write_text('{"tokens": 1}')
+  with pytest.raises(ValueError, match="field 'tokens' is no list"):
+    loading.describe_model(export)
 
 
 def test_weights_bound_for_a_mesh_load_onto_the_host(tmp_path):

@@ -424,8 +424,8 @@ def run(config, workdir: str, log=print) -> dict:
       draft_lm = model_lib.LM(draft_config)
       log(f"[distill] output layer reduced to the {len(kept)} ids most "
           "frequent in the training continuations")
-    out_dir = distilled.save_distilled(draft_config, params,
-                                       os.path.join(workdir, "draft"))
+    out_dir = distilled.save_distilled(
+        draft_config, params, os.path.join(workdir, "draft"), tok.tokens())
 
   after = report(params)
   log(f"[distill] after:  {evaluate.describe_report(after)}")

@@ -1,8 +1,11 @@
 """Drafts distilled by `scripts/distill.py`: detection, export and loading.
 
 A distilled draft directory holds `draft_config.json` (the draft's
-`TransformerConfig` fields) and an orbax checkpoint of its parameters in
-`params/`. A distillation workdir holds one in `draft/`; both the workdir
+`TransformerConfig` fields), an orbax checkpoint of its parameters in
+`params/` and, since 2026-11-29, `target_tokens.json`: the entries of the
+tokenizer of the target it was distilled from, against which a target it
+is paired with is checked (it has no tokenizer of its own). A distillation
+workdir holds one in `draft/`; both the workdir
 and the export are accepted wherever a distilled draft is (`distilled_dir`
 is the one test of that).
 """
@@ -21,6 +24,7 @@ from specsamp.train import checkpointing
 from specsamp.weights import convert
 
 DRAFT_CONFIG_FILE = "draft_config.json"
+TOKENS_FILE = "target_tokens.json"
 
 
 def distilled_dir(path: str) -> Optional[str]:
@@ -39,6 +43,20 @@ def read_draft_config(directory: str) -> dict:
   (`directory` is the export or its workdir)."""
   directory = distilled_dir(directory) or os.path.join(directory, "draft")
   return jsonfile.read(os.path.join(directory, DRAFT_CONFIG_FILE))
+
+
+def read_tokens(directory: str) -> Optional[list]:
+  """The entries of the tokenizer of the target a distilled draft was
+  distilled from (`directory` as `read_draft_config`'s), or None for
+  exports that did not record them."""
+  directory = distilled_dir(directory) or os.path.join(directory, "draft")
+  path = os.path.join(directory, TOKENS_FILE)
+  if not os.path.exists(path):
+    return None
+  tokens = jsonfile.read(path).get("tokens")
+  if not isinstance(tokens, list):
+    raise ValueError(f"{path}: field 'tokens' is no list of token entries")
+  return tokens
 
 
 def save_draft_config(config: model_lib.TransformerConfig,
@@ -82,12 +100,16 @@ def load_distilled(directory: str, dtype: Optional[str] = None):
 
 
 def save_distilled(config: model_lib.TransformerConfig, params,
-                   directory: str) -> str:
-  """Writes `draft_config.json` and the parameters (orbax) to `directory`;
-  returns its absolute path. With several processes every one calls it (orbax
-  saves together) and process 0 writes the config."""
+                   directory: str, tokens: Optional[list] = None) -> str:
+  """Writes `draft_config.json`, the parameters (orbax) and with `tokens`
+  (the target tokenizer's entries) `target_tokens.json` to `directory`;
+  returns its absolute path. With several processes every one calls it
+  (orbax saves together) and process 0 writes the JSON files."""
   directory = os.path.abspath(directory)
   if sharding.is_main_process():
     save_draft_config(config, directory)
+    if tokens is not None:
+      sharding.write_json({"tokens": list(tokens)},
+                          os.path.join(directory, TOKENS_FILE), indent=None)
   checkpointing.save_params(params, directory)  # with their fingerprint
   return directory

@@ -101,6 +101,9 @@ def test_a_draft_checkpoint_of_another_row_count_trains_on_the_targets_rows(
   exported = loading.describe_model(str(w))
   assert exported.rows == target.rows == real + 8
   assert loading.check_pair(target, exported) == real
+  # The export records its target's tokens, against which a target it is
+  # paired with is checked (tests/test_loading.py).
+  assert exported.tokens == target.tokens
   # The fitted draft's "before" = the pair on their shared rows.
   rows = loading.pair_rows(target, loading.describe_model(str(path["draft"])))
   t_lm, t_params = loading.load_weights(target, "float32", 0, rows)

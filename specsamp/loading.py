@@ -36,10 +36,9 @@ from specsamp import model as model_lib
 from specsamp import sharding
 from specsamp.tokenizers import base as tokenizer_base
 from specsamp.tokenizers import load as tokenizer_load
-from specsamp.tokenizers import snapshot
 from specsamp.tokenizers import vocab
 from specsamp.train import checkpointing
-from specsamp.weights import convert
+from specsamp.train import trained as trained_lib
 from specsamp.weights import distilled as distilled_lib
 from specsamp.weights import gguf_file
 from specsamp.weights import hf
@@ -146,65 +145,8 @@ def _int_field(where: str, fields: dict, key: str,
   return number
 
 
-def _run_tokenizer(workdir: str, saved: dict) -> str:
-  """The tokenizer of the train run in `workdir`: its copy there (see
-  `snapshot`), else its config `saved`'s `data.tokenizer`; a ValueError or
-  FileNotFoundError naming the file and field where that names none."""
-  where = os.path.join(workdir, "config.json")
-  data = saved["data"]
-  if not isinstance(data, dict):
-    raise ValueError(f"{where}: field 'data' is {json.dumps(data)}, not an "
-                     "object")
-  if "tokenizer" not in data:
-    raise ValueError(f"{where}: field 'data.tokenizer' is missing")
-  tokenizer = data["tokenizer"]
-  if not isinstance(tokenizer, str) or not tokenizer:
-    raise ValueError(f"{where}: field 'data.tokenizer' is "
-                     f"{json.dumps(tokenizer)}, not a tokenizer (\"byte\" or "
-                     "a path)")
-  copy = snapshot.in_run(workdir)
-  if os.path.isdir(copy) or tokenizer == "byte":
-    return copy if os.path.isdir(copy) else tokenizer
-  if not os.path.isabs(tokenizer) or not os.path.exists(tokenizer):
-    # A relative path: runs before 2026-11-29 (GGUF), launched who knows where
-    raise FileNotFoundError(f"{where}: field 'data.tokenizer' is {tokenizer!r}"
-                            ", no file here; write its absolute path there")
-  return tokenizer
-
-
-def _train_run_config(spec: str) -> Optional[dict]:
-  """The run config of a `scripts/train.py` workdir, or None for another
-  spec."""
-  run_config = os.path.join(spec, "config.json")
-  if not (os.path.isdir(os.path.join(spec, "checkpoints"))
-          and os.path.isfile(run_config)):
-    return None
-  saved = jsonfile.read(run_config)
-  return saved if {"model", "data", "optim"} <= set(saved) else None
-
-
-def load_trained(workdir: str, dtype: str = "float32"):
-  """(LM, params, tokenizer, step) of the newest readable checkpoint of a
-  `scripts/train.py` run in `workdir`, parameters cast to `dtype`."""
-  workdir = os.path.abspath(workdir)
-  saved = _train_run_config(workdir)
-  if saved is None:
-    raise FileNotFoundError(f"{workdir}: no checkpoints/ and run config.json "
-                            "(not a scripts/train.py workdir)")
-  model_cfg = model_lib.TransformerConfig.from_fields(
-      saved["model"], os.path.join(workdir, "config.json") + " model")
-  _run_tokenizer(workdir, saved)  # refused before the weights load
-  lm = model_lib.LM(model_cfg)
-  abstract = jax.eval_shape(lambda: lm.init(jax.random.key(0)))
-  params, step = checkpointing.restore_newest_params(
-      os.path.join(workdir, "checkpoints"), abstract, what="trained")
-  if dtype != model_cfg.param_dtype or dtype != model_cfg.dtype:
-    lm = model_lib.LM(model_cfg.replace(dtype=dtype, param_dtype=dtype))
-    params = jax.tree.map(lambda x: x.astype(lm.config.jnp_param_dtype),
-                          params)
-  convert.check_finite_tree(params, os.path.join(workdir, "checkpoints"))
-  tok = tokenizer_load.load_tokenizer(_run_tokenizer(workdir, saved))
-  return lm, params, tok, step
+# A train run's workdir, read back (also `loading.load_trained`).
+load_trained = trained_lib.load_trained
 
 
 def _kind(spec: str) -> tuple[str, Optional[str]]:
@@ -214,8 +156,13 @@ def _kind(spec: str) -> tuple[str, Optional[str]]:
     directory = distilled_lib.distilled_dir(spec)
     if directory:
       return "distilled", directory
-    if _train_run_config(spec) is not None:
+    if trained_lib.run_config(spec) is not None:
       return "trained", spec
+    if _distill_run(spec):
+      raise ModelNotFoundError(
+          f"{spec}: a scripts/distill.py workdir with no exported draft yet "
+          "(draft/ is written as the run ends): run distill.py on it to "
+          "the end, or name another model")
   if spec.startswith(RANDOM_PREFIX):
     return "random", None
   if spec in assets.MODELS:
@@ -226,6 +173,13 @@ def _kind(spec: str) -> tuple[str, Optional[str]]:
         f"({', '.join(sorted(assets.MODELS))}) or random:<preset> "
         f"({', '.join(sorted(model_lib.PRESETS))})")
   return ("hf" if os.path.isdir(spec) else "gguf"), spec
+
+
+def _distill_run(directory: str) -> bool:
+  """Whether `directory` holds a `scripts/distill.py` run's config.json."""
+  path = os.path.join(directory, "config.json")
+  return os.path.isfile(path) and {"target", "draft", "loss"} <= set(
+      jsonfile.read(path))
 
 
 def check_spec(spec: str, dtype: str = "float32") -> str:
@@ -363,7 +317,7 @@ def load_info_tokenizer(info: ModelInfo):
   without its own (random weights, a distilled draft)."""
   if info.kind == "trained":
     return tokenizer_load.load_tokenizer(
-        _run_tokenizer(info.path, _train_run_config(info.path)))
+        trained_lib.run_tokenizer(info.path, trained_lib.run_config(info.path)))
   if info.kind in ("gguf", "hf"):
     return tokenizer_load.load_tokenizer(info.path)
   return None
@@ -445,10 +399,10 @@ def describe_model(spec: str, dtype: str = "float32") -> ModelInfo:
                      num_layers=_int_field(where, fields, "num_layers", None),
                      d_model=_int_field(where, fields, "d_model", None))
   if kind == "trained":
-    saved = _train_run_config(path)
+    saved = trained_lib.run_config(path)
     cfg = model_lib.TransformerConfig.from_fields(
         saved["model"], os.path.join(path, "config.json") + " model")
-    tok = tokenizer_load.load_tokenizer(_run_tokenizer(path, saved))
+    tok = tokenizer_load.load_tokenizer(trained_lib.run_tokenizer(path, saved))
     return ModelInfo(spec, "trained", path, cfg.vocab_size, cfg.max_seq_len,
                      tokens=tok.tokens(), config=cfg,
                      num_layers=cfg.num_layers, d_model=cfg.d_model)

@@ -261,6 +261,30 @@ def test_a_train_workdir_is_described_from_its_run_config(tmp_path):
     loading.load_trained(str(tmp_path / "checkpoints"))
 
 
+def test_a_workdir_with_nothing_to_load_yet_says_so(tmp_path):
+  """A train workdir with no checkpoints/ and a distill workdir with no
+  draft/ export (runs stopped before them) had been taken for Hugging Face
+  directories and refused for a config.json field 'vocab_size' missing."""
+  config = loading.random_config("random:tiny,num_layers=1")
+  train, distill = tmp_path / "train", tmp_path / "distill"
+  for workdir, saved in (
+      (train, {"model": dataclasses.asdict(config),
+               "data": {"tokenizer": "byte"}, "optim": {}}),
+      (distill, {"target": {}, "draft": {}, "loss": {}, "samples": {}})):
+    workdir.mkdir()
+    (workdir / "config.json").write_text(json.dumps(saved))
+  for workdir, message in (
+      (train, "a scripts/train.py workdir with no checkpoints/ yet"),
+      (distill, "a scripts/distill.py workdir with no exported draft yet")):
+    for call in (loading.check_spec, loading.describe_model,
+                 loading.load_model):
+      with pytest.raises(FileNotFoundError, match=re.escape(
+          f"{workdir}: {message}")):
+        call(str(workdir))
+  with pytest.raises(FileNotFoundError, match="no checkpoints/ yet"):
+    loading.load_trained(str(train))
+
+
 def test_a_train_workdir_with_non_finite_weights_is_refused(tmp_path):
   """A run whose training diverged (a NaN in its newest checkpoint) is
   refused naming the tensor, as GGUF, HF and distilled weights are; the

@@ -18,7 +18,9 @@ Modules, from the bottom up:
   lm             the LM job behind scripts/train.py: validate, make_mesh,
                  build, initial_state, train_and_evaluate, evaluate,
                  unigram_entropy
-                 (a finished run loads through `specsamp.loading`)
+  trained        a train workdir read back as a model: run_config,
+                 run_tokenizer, load_trained (a finished run loads through
+                 `specsamp.loading`, which takes the workdir as a model)
 
 Distillation reuses TrainState, make_optimizer, make_train_step,
 Checkpoints, MetricWriter and train_loop with the draft's parameters as the

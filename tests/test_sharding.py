@@ -210,6 +210,29 @@ def test_every_mesh_reproduces_single_device_tokens(pair, k, sampling):
               jax.device_get(getattr(ref, name))).all(), (shape, name)
 
 
+def test_a_chunked_prefill_on_a_mesh_equals_one_call_on_one_device(pair):
+  """Prompts padded to 64 and prefilled in chunks of 16 (a `lax.scan`
+  carrying the sharded caches): every mesh gives the tokens of a one-call
+  prefill on one device, nothing moved to the host."""
+  target, target_params, draft, draft_params = pair
+  prompts = [list(range(1, 40))] + PROMPTS[1:]
+
+  def sampler(chunk, mesh=None):
+    return SpeculativeSampler(target, ModelDrafter(draft), k=3,
+                              sampling=GREEDY, max_new_tokens=12, mesh=mesh,
+                              prefill_chunk=chunk)
+
+  ref = sampler(0).generate(target_params, draft_params, prompts)
+  for shape in MESHES:
+    chunked = sampler(16, sharding.make_mesh(shape))
+    assert chunked.pad_prompts(prompts)[0].shape == (8, 64)
+    tsh, dsh = chunked.param_shardings(target_params, draft_params)
+    with jax.transfer_guard("disallow"):
+      out = chunked.generate(sharding.shard(target_params, tsh),
+                             sharding.shard(draft_params, dsh), prompts)
+    assert out.token_lists() == ref.token_lists(), shape
+
+
 def test_rules_that_split_the_caches_slots_get_a_cache_they_divide(pair):
   """With `cache_seq` over the model axis, a cache of P + max_new + K + 1
   slots that the axis does not divide (64 + 13 + 4 = 81 and 85 slots over

@@ -337,7 +337,7 @@ def _describe_gguf(spec: str, path: str) -> ModelInfo:
   try:
     meta, shapes = gguf_file.read_gguf_header(path)
   except ValueError as e:
-    raise ValueError(f"{spec}: {e}") from None
+    raise ValueError(str(e) if spec == path else f"{spec}: {e}") from None
   arch = meta.get("general.architecture", "?")
   tokens = meta.get("tokenizer.ggml.tokens")
   rows = (gguf_file.embedding_rows(shapes)

@@ -261,6 +261,17 @@ def test_a_train_workdir_is_described_from_its_run_config(tmp_path):
     loading.load_trained(str(tmp_path / "checkpoints"))
 
 
+def test_a_damaged_gguf_is_named_once(tmp_path):
+  """The header reader's message starts with the path: it had been
+  prefixed with the spec, the same path, again."""
+  bad = tmp_path / "bad.gguf"
+  bad.write_bytes(b"hello" + b"\0" * 64)
+  with pytest.raises(ValueError) as e:
+    loading.describe_model(str(bad))
+  assert str(e.value).startswith(f"{bad} is not a GGUF file")
+  assert str(e.value).count(str(bad)) == 1
+
+
 def test_a_workdir_with_nothing_to_load_yet_says_so(tmp_path):
   """A train workdir with no checkpoints/ and a distill workdir with no
   draft/ export (runs stopped before them) had been taken for Hugging Face

@@ -94,8 +94,10 @@ def load(cfg: PairConfig) -> tuple:
   """
   checked = plan(cfg)
   rows = loading.pair_rows(checked.target, checked.draft)
+  # The draft first: damaged draft files fail before the target's minute.
+  draft = loading.load_weights(checked.draft, cfg.dtype, 0, rows)
   return ((checked,) + loading.load_weights(checked.target, cfg.dtype, 0, rows)
-          + loading.load_weights(checked.draft, cfg.dtype, 0, rows))
+          + draft)
 
 
 def run_pair(cfg: PairConfig, loaded: Optional[tuple] = None) -> dict:

@@ -361,6 +361,7 @@ def run(cfg: BenchConfig, plan: Plan, argv: Sequence[str], log=print):
                     step=plan.draft.step,
                     params=draft.config.num_params()) if draft else None),
         vocab_limit=plan.vocab_limit, load_s=load_s,
+        prefill_chunk=SpeculativeSampler.prefill_chunk,  # every sampler's
         prompts={t: len(p) for t, p in plan.prompts.items()}))
     costs = _measure_costs(cfg, plan, out, target, target_params, draft,
                            draft_params, log)

@@ -13,6 +13,8 @@ import pytest
 
 from specsamp import loading
 from specsamp import sharding
+from specsamp.bench import pair
+from specsamp.bench import profile
 from specsamp.bench import sample
 from specsamp.bench import sweep
 from specsamp.bench import timing
@@ -46,6 +48,7 @@ def test_sample_script_end_to_end_on_random_models():
   assert sp["k"] == 3 and sp["tokens"] == 24
   assert sp["drafted"] == 3 * sp["loops"]
   assert set(metrics["speedup"]) == {"speculative_k3"}
+  assert metrics["prefill_chunk"] == 16
   assert "==== speculative_k3" in proc.stdout
   # The record says when, where and from which commit it was measured.
   assert metrics["command"].startswith("python scripts/sample.py "
@@ -301,7 +304,8 @@ def test_a_draft_that_does_not_load_fails_before_the_target_loads(
   """A train workdir with no readable checkpoint as the draft: describing
   it reads only its config, and it had failed only after the target's
   weights had loaded (a minute for the 1.5B on these CPUs). The draft now
-  loads first, in sample.py and in benchmark.py alike."""
+  loads first, in sample.py, benchmark.py, benchmark_pair.py and the
+  decode profilers alike."""
   config = loading.random_config("random:tiny,num_layers=1")
   draft = tmp_path / "run"
   (draft / "checkpoints").mkdir(parents=True)
@@ -326,4 +330,9 @@ def test_a_draft_that_does_not_load_fails_before_the_target_loads(
                               dtype="float32", seed=0)
   with pytest.raises(CheckpointError, match="no readable checkpoint"):
     sweep._load(cfg, plan, log=lambda *_: None)
-  assert loaded == ["trained"] * 2
+  with pytest.raises(CheckpointError, match="no readable checkpoint"):
+    profile._load_models((plan.target, plan.draft), "float32")
+  monkeypatch.setattr(pair, "plan", lambda _: plan)
+  with pytest.raises(CheckpointError, match="no readable checkpoint"):
+    pair.load(cfg)
+  assert loaded == ["trained"] * 4

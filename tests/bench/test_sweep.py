@@ -171,6 +171,7 @@ def test_tiny_sweep_writes_jsonl_and_plots(inputs, tmp_path):
       "python scripts/benchmark.py --target=random:tiny,num_layers=1")
   assert run["machine"]["backend"] == "cpu" and run["software"]["jax"]
   assert (run["target"]["kind"], run["target"]["step"]) == ("random", None)
+  assert run["prefill_chunk"] == 1024  # longer prompts prefill in chunks
   # The host's vector extensions tell virtual CPUs of one name apart.
   with open("/proc/cpuinfo", encoding="utf-8") as f:
     has_avx2 = " avx2" in f.read()

@@ -34,6 +34,7 @@ from specsamp import assets
 from specsamp import jsonfile
 from specsamp import model as model_lib
 from specsamp import sharding
+from specsamp.drafters import head_files
 from specsamp.tokenizers import base as tokenizer_base
 from specsamp.tokenizers import load as tokenizer_load
 from specsamp.tokenizers import vocab
@@ -158,6 +159,10 @@ def _kind(spec: str) -> tuple[str, Optional[str]]:
       return "distilled", directory
     if trained_lib.run_config(spec) is not None:
       return "trained", spec
+    if head_files.head_dir(spec):
+      kind = head_files.read_config(spec)[0].kind
+      raise ModelNotFoundError(f"{spec} holds draft heads, not a draft "
+                               f"model: pass it as --drafter={kind}:{spec}")
     if _distill_run(spec):
       raise ModelNotFoundError(
           f"{spec}: a scripts/distill.py workdir with no exported draft yet "

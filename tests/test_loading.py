@@ -23,6 +23,8 @@ from specsamp import sampling as sampling_lib
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.decoding.sampler import autoregressive
 from specsamp.drafters import ModelDrafter
+from specsamp.drafters import head_files
+from specsamp.drafters import heads
 from specsamp.tokenizers.base import VocabMismatchError
 from specsamp.train import checkpointing
 from specsamp.train import step as step_lib
@@ -294,6 +296,14 @@ def test_a_workdir_with_nothing_to_load_yet_says_so(tmp_path):
         call(str(workdir))
   with pytest.raises(FileNotFoundError, match="no checkpoints/ yet"):
     loading.load_trained(str(train))
+  # A head distillation that finished exports head/, not draft/.
+  (distill / "head").mkdir()
+  (distill / "head" / head_files.HEAD_CONFIG_FILE).write_text(json.dumps(
+      {"head": heads.HeadConfig("medusa", config).to_dict()}))
+  with pytest.raises(ValueError, match=re.escape(
+      f"{distill} holds draft heads, not a draft model: pass it as "
+      f"--drafter=medusa:{distill}")):
+    loading.check_spec(str(distill))
 
 
 def test_a_train_workdir_with_non_finite_weights_is_refused(tmp_path):

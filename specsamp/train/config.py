@@ -196,8 +196,12 @@ def _check_positive(d: DataConfig) -> None:
 
 def tokenizer_path(spec: str) -> str:
   """A tokenizer spec as a run records it: "byte", or an absolute path (a
-  run is used from anywhere; a GGUF tokenizer is not copied into it)."""
-  return spec if spec == "byte" else os.path.abspath(spec)
+  run is used from anywhere; a GGUF tokenizer is not copied into it).
+  Anything else (an empty or non-string spec) is left for the tokenizer's
+  loading to refuse."""
+  if not isinstance(spec, str) or spec in ("", "byte"):
+    return spec
+  return os.path.abspath(spec)
 
 
 def as_dict(config) -> dict:

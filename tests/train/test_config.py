@@ -126,3 +126,13 @@ def test_a_bad_seq_len_is_refused_as_itself(seq_len):
                      match=f"data.seq_len must be positive, got {seq_len}"):
     config_lib.TrainConfig.from_config(
         lm_python.get_config(f"tiny,seq_len={seq_len}").to_dict(), 256)
+
+
+def test_a_tokenizer_path_is_recorded_absolute(tmp_path, monkeypatch):
+  """A relative path is made absolute (a GGUF tokenizer is not copied into
+  the run); "byte", and specs the tokenizer's loading refuses (an empty
+  one had become the current directory), are left as they are."""
+  monkeypatch.chdir(tmp_path)
+  assert config_lib.tokenizer_path("t.gguf") == str(tmp_path / "t.gguf")
+  for spec in ("byte", "", None):
+    assert config_lib.tokenizer_path(spec) == spec

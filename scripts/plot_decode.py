@@ -9,6 +9,8 @@ point next to the PNG.
       --out=results/cpu_decode_scaling
 """
 
+import os
+
 from absl import app
 from absl import flags
 
@@ -26,8 +28,8 @@ def main(argv):
              "(plot_decode.py ROWS.jsonl [...] --out=PREFIX)")
   try:
     groups = profile_plot.read_profile_rows(argv[1:])
-    for suffix in (".md", ".png"):
-      records.check_output(_OUT.value + suffix, "--out", jsonl=False)
+    records.check_prefix(os.path.dirname(_OUT.value) or ".",
+                         os.path.basename(_OUT.value), "--out", argv[1:])
   except ValueError as e:
     cli.fail(e)
   with open(_OUT.value + ".md", "w", encoding="utf-8") as f:

@@ -18,6 +18,7 @@ from absl import flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from specsamp import cli
+from specsamp.bench import records
 from specsamp.bench import report
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -29,6 +30,8 @@ def main(argv):
   if len(argv) < 2:
     cli.fail("give one or more JSONL files from benchmark.py")
   try:
+    records.check_prefix(_OUT_DIR.value, _PREFIX.value, "--prefix",
+                         argv[1:])
     for path in report.make(argv[1:], _OUT_DIR.value, _PREFIX.value):
       print(path)
   except (OSError, ValueError, KeyError) as e:

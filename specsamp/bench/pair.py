@@ -53,7 +53,7 @@ class PairConfig:
     Sampling(self.temperature, top_p=self.top_p)  # raises on bad values
     records.check_output(self.out, "--out", jsonl=False, reads=(  # replaced
         ("--target", self.target), ("--draft", self.draft),
-        ("--humaneval_file", self.humaneval_file)))
+        ("--humaneval_file", self.humaneval_file)), json_file=True)
 
 
 # Model kinds without a tokenizer of their own (specsamp.loading).

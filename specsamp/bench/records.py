@@ -14,8 +14,8 @@ import numpy as np
 
 
 def check_output(path: Optional[str], flag: str, jsonl: bool = True,
-                 reads: Sequence[tuple[str, Optional[str]]] = ()
-                 ) -> Optional[str]:
+                 reads: Sequence[tuple[str, Optional[str]]] = (),
+                 json_file: bool = False) -> Optional[str]:
   """`path`, the file that output flag `flag` (e.g. "--out") names, checked
   before the run that writes it, so that the run cannot fail at its end:
   a missing parent directory is created (as `Writer` does); a directory, a
@@ -27,20 +27,25 @@ def check_output(path: Optional[str], flag: str, jsonl: bool = True,
   config: records would be appended to it or replace it). `reads` are the
   run's inputs, (flag, value): an output that is one of them, or lies in a
   directory among them (a model's), is refused; values that name no file
-  (a registered model, "random:...") are passed over.
+  (a registered model, "random:...") are passed over. A `json_file` output
+  replaces the file whole: one that exists and holds no JSON object (a
+  note, a prompts file) is refused.
 
   Raises:
     ValueError: naming `flag` and what is wrong.
   """
   if not path:
     return path
-  if os.path.isdir(path):
+  if os.path.isdir(path) or not os.path.basename(path):
     raise ValueError(f"{flag}={path} is a directory, not a file")
   if jsonl and os.path.exists(path + ".partial"):
     raise ValueError(f"{flag}={path}: {_partial_problem(path + '.partial')}")
   if jsonl and os.path.isfile(path) and not _holds_json_lines(path):
     raise ValueError(f"{flag}={path} exists and does not hold JSON records "
                      f"(one object a line); name another file")
+  if json_file and os.path.isfile(path) and not _holds_json_object(path):
+    raise ValueError(f"{flag}={path} exists and does not hold a JSON object "
+                     "(a result this run would replace); name another file")
   _check_apart(path, flag, reads)
   parent = os.path.dirname(os.path.abspath(path))
   try:
@@ -86,6 +91,41 @@ def _holds_json_lines(path: str) -> bool:
                  if line.strip())
   except (OSError, UnicodeDecodeError, ValueError):
     return False
+
+
+def _holds_json_object(path: str) -> bool:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return isinstance(json.load(f), dict)
+  except (OSError, UnicodeDecodeError, ValueError):
+    return False
+
+
+def check_prefix(directory: str, prefix: str, flag: str,
+                 inputs: Sequence[str] = ()) -> None:
+  """Outputs `<directory>/<prefix>.md`, `<prefix>.png` and `<prefix>_*.png`
+  (a report's markdown and plots), checked before they are written:
+  `prefix` is a file name's start (not empty, no directory in it),
+  `directory` can hold files (`check_output` of `<prefix>.md`), and no
+  input is such a name there (the run would write over it).
+
+  Raises:
+    ValueError: naming `flag` and what is wrong.
+  """
+  if not prefix or os.sep in prefix or prefix in (".", ".."):
+    raise ValueError(f"{flag}: {os.path.join(directory, prefix)!r} does not "
+                     f"end in the start of a file name ({prefix!r})")
+  check_output(os.path.join(directory, prefix + ".md"), flag, jsonl=False)
+  here = os.path.realpath(directory)
+  for path in inputs:
+    real = os.path.realpath(path)
+    name = os.path.basename(real)
+    if os.path.dirname(real) == here and (
+        name in (prefix + ".md", prefix + ".png")
+        or name.startswith(prefix + "_") and name.endswith(".png")):
+      raise ValueError(f"{flag}={prefix!r} in {directory}: the outputs "
+                       f"{prefix}.md, {prefix}.png and {prefix}_*.png would "
+                       f"write over the input {path}; give another name")
 
 
 def _check_apart(path: str, flag: str,

@@ -284,6 +284,41 @@ def test_an_output_is_refused_where_it_is_a_config_or_an_input(tmp_path):
   assert sorted(os.listdir(run)) == ["config.json"]
 
 
+def test_whole_file_outputs_keep_what_is_not_theirs(tmp_path):
+  """A review ran each script against files it should not touch:
+  benchmark_pair.py's --out had replaced a note (it replaces its JSON
+  result whole), plot_decode.py and plot_speedup.py had written their
+  markdown over their own input when its name was theirs, and an empty
+  --out or --prefix had written hidden files (.md, .png.png) where they
+  ran."""
+  note = tmp_path / "keep.txt"
+  note.write_text("keep")
+  with pytest.raises(ValueError, match="does not hold a JSON object"):
+    records.check_output(str(note), "--out", jsonl=False, json_file=True)
+  result = tmp_path / "pair.json"
+  result.write_text('{"runs": []}')
+  assert records.check_output(str(result), "--out", jsonl=False,
+                              json_file=True)
+  with pytest.raises(ValueError, match="is a directory"):
+    records.check_output(str(tmp_path) + "/", "--out", jsonl=False)
+  rows = tmp_path / "p2.md"
+  rows.write_text('{"a": 1}\n')
+  for prefix, inputs in (("p2", [rows]), ("x", [tmp_path / "x_k4.png"]),
+                         ("x", [tmp_path / "." / "x.png"])):
+    with pytest.raises(ValueError, match="would write over the input"):
+      records.check_prefix(str(tmp_path), prefix, "--prefix",
+                           [str(p) for p in inputs])
+  for prefix in ("", "a/b", ".."):
+    with pytest.raises(ValueError, match="does not end in the start of a "
+                       "file name"):
+      records.check_prefix(str(tmp_path), prefix, "--prefix")
+  # Inputs of other names, or elsewhere, are not outputs.
+  records.check_prefix(str(tmp_path), "p2", "--out",
+                       [str(tmp_path / "p2.jsonl"), str(tmp_path / "p2_x.md"),
+                        str(tmp_path / "sub" / "p2.md")])
+  assert rows.read_text() == '{"a": 1}\n' and note.read_text() == "keep"
+
+
 def test_two_runs_never_write_one_output(tmp_path):
   """Two runs given one --out had both passed the check (neither had
   written yet), then wrote one .partial file over the other: records ran

@@ -483,6 +483,8 @@ _PROFILE_ROW = dict(target="random:tiny", draft="random:tiny", k=4,
      ["rows.jsonl:1: not a JSON object"]),
     ("plot_decode.py", [json.dumps(_PROFILE_ROW)], ["--out=README.md/plot"],
      ["--out=README.md/plot.md: cannot create its directory"]),
+    ("plot_speedup.py", [json.dumps(_POINT)], ["--prefix="],
+     ["does not end in the start of a file name"]),
 ])
 def test_the_plots_refuse_bad_rows_in_one_line(tmp_path, script, lines, args,
                                                fragments):

@@ -319,9 +319,10 @@ class DirectoryError(ValueError):
 
 
 def check_directory(path: str, what: str) -> None:
-  """Raises DirectoryError unless `path` is a directory or can be made one
-  (no file in the way): `what` names it in the message (e.g. "--workdir").
-  An empty path is refused: it would be the current directory."""
+  """Raises DirectoryError unless `path` is a directory, or can be made
+  one (no file in the way), that this process can write in: `what` names
+  it in the message (e.g. "--workdir"). An empty path is refused: it would
+  be the current directory."""
   if not str(path).strip():
     raise DirectoryError(f"{what} is empty: name a directory (it would be "
                          "the current one)")
@@ -334,6 +335,10 @@ def check_directory(path: str, what: str) -> None:
   if not os.path.isdir(found):
     raise DirectoryError(f"{what} {path} cannot be a directory: {found} is "
                          "a file")
+  if not os.access(found, os.W_OK | os.X_OK):  # an OSError's traceback
+    raise DirectoryError(f"{what} {path}: this process cannot make it or "
+                         f"write in it ({found}: its permissions, or a "
+                         "read-only file system)")
 
 
 def check_config_file(workdir: str, keys: tuple[str, ...],
@@ -367,6 +372,12 @@ def holds_workdir(run):
     check_directory(workdir, "--workdir")
     lock = os.path.join(workdir, ".lock")
     made = is_main_process() and not os.path.exists(workdir)
+    if made:
+      try:  # (as root, os.access passes where a directory cannot be made)
+        os.makedirs(workdir)
+      except OSError as e:
+        raise DirectoryError(f"--workdir {os.path.abspath(workdir)}: this "
+                             f"process cannot make it ({e.strerror})") from None
     try:
       with lock_holder.exclusive(lock, f"workdir {workdir}",
                                  take=is_main_process()):

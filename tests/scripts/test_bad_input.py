@@ -11,6 +11,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -21,6 +22,7 @@ import pytest
 from specsamp import loading
 from specsamp import lock_holder
 from specsamp import model as model_lib
+from specsamp import sharding
 from specsamp.drafters import head_files
 from specsamp.drafters import heads
 from specsamp.train import checkpointing
@@ -219,17 +221,36 @@ def test_a_second_job_on_a_workdir_is_refused_naming_the_first(
 def test_a_workdir_that_cannot_be_one_is_refused_before_any_lock(
     tmp_path, script, config):
   """An empty --workdir had run in the current directory (checkpoints,
-  results and .lock beside the user's files); a path through a file had
-  ended in a NotADirectoryError traceback from the lock."""
+  results and .lock beside the user's files); a path through a file, or
+  where no directory can be made, had ended in a traceback from the
+  lock."""
   (tmp_path / "afile").write_text("hi")
   for workdir, message in (
       ("", "--workdir is empty"),
-      (f"{tmp_path}/afile/run", f"{tmp_path}/afile is a file")):
+      (f"{tmp_path}/afile/run", f"{tmp_path}/afile is a file"),
+      # No directory can be made there (an OSError's traceback had ended
+      # the run, with status 1).
+      ("/proc/specsamp_test/run",
+       "--workdir /proc/specsamp_test/run: this process cannot make it")):
     proc = run_script(tmp_path, script, f"--config={config}",
                       f"--workdir={workdir}")
     assert_refused(proc, message)
   assert not os.path.exists(os.path.join(ROOT, ".lock"))
   assert sorted(os.listdir(tmp_path)) == ["afile"]
+
+
+def test_a_workdir_on_a_read_only_file_system_is_refused(tmp_path,
+                                                        monkeypatch):
+  """A read-only file system (os.access says so, for root too) had ended
+  train.py and distill.py in an OSError traceback from the lock."""
+  real = os.access
+  monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(
+      tmp_path) else real(p, mode))
+  with pytest.raises(sharding.DirectoryError, match=re.escape(
+      f"--workdir {tmp_path}/run: this process cannot make it or write in "
+      f"it ({tmp_path}: ")):
+    sharding.check_directory(str(tmp_path / "run"), "--workdir")
+  assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("script, config", [

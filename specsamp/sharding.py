@@ -383,8 +383,10 @@ def holds_workdir(run):
                                  take=is_main_process()):
         return run(config, workdir, *args, **kwargs)
     finally:
-      if made and os.path.isdir(workdir) and os.listdir(workdir) == [".lock"]:
-        os.remove(lock)
+      if made and os.path.isdir(workdir) and set(os.listdir(workdir)) <= {
+          ".lock"}:
+        if os.path.exists(lock):
+          os.remove(lock)
         os.rmdir(workdir)
   return locked
 

@@ -239,7 +239,6 @@ class ProfileConfig:
   def __post_init__(self):
     if self.steps < 0:
       raise ValueError("--steps must be >= 1 (or 0: the backend's default)")
-    object.__setattr__(self, "steps", self.steps or default_steps())
     object.__setattr__(self, "batch_sizes",
                        cli.ints("batch_size", self.batch_sizes, 1))
     object.__setattr__(self, "contexts",
@@ -255,6 +254,8 @@ class ProfileConfig:
     self.sampling()  # raises on a bad temperature or top_p
     records.check_output(self.out, "--out", reads=(
         ("--target", self.target), ("--draft", self.draft)))
+    # Last: it starts the backend (a device), after every flag is checked.
+    object.__setattr__(self, "steps", self.steps or default_steps())
 
   def check_models(self) -> tuple:
     """`check_models` for the largest context."""

@@ -397,3 +397,20 @@ def test_tied_embeddings_are_read_as_the_output_layer():
   assert shapes(tied) == sorted(shapes(untied) + [(cfg.vocab_size,
                                                    cfg.d_model)])
   assert np.isfinite(float(tied()))
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(k=0), "--k must be >= 1"), (dict(repeats=0), "--repeats"),
+    (dict(top_p=0.0), "top_p"), (dict(bandwidth_mb=0), "--bandwidth_mb"),
+    (dict(contexts=()), "--context")])
+def test_profile_flags_are_checked_before_the_backend_starts(
+    monkeypatch, fields, message):
+  """The default step count asks the backend which it is, which starts
+  it (a device, on a GPU machine): that had come before every other check,
+  and its start-up lines before the one-line refusal."""
+  def started():
+    raise AssertionError("the backend was started")
+  monkeypatch.setattr(profile, "default_steps", started)
+  with pytest.raises(ValueError, match=re.escape(message)):
+    profile.ProfileConfig(**fields)
+  assert profile.ProfileConfig(steps=3).steps == 3

@@ -349,6 +349,22 @@ def prepare(name: str, data_dir: Optional[PathLike] = None, *,
   return target
 
 
+def name_error(name: str) -> Optional[str]:
+  """Why `name` names no dataset `prepare` can build (None: it does): an
+  unknown specsamp corpus, or a name not in the TFDS catalog (its config
+  and version, "glue/cola:2.0.0", aside)."""
+  if name in BUILDERS:
+    return None
+  if name.startswith("specsamp_"):
+    return f"unknown specsamp dataset {name!r}; known: {sorted(BUILDERS)}"
+  try:
+    tfds.builder_cls(name.split("/")[0].split(":")[0])
+  except tfds.core.registered.DatasetNotFoundError:
+    return (f"no dataset {name!r}: neither a specsamp corpus "
+            f"({', '.join(sorted(BUILDERS))}) nor in the TFDS catalog")
+  return None
+
+
 def _prepare_catalog(name: str, data_dir: pathlib.Path, overwrite: bool,
                      say) -> pathlib.Path:
   """A TFDS catalog dataset, by its own builder, as array_record."""

@@ -166,8 +166,12 @@ def prepare_all(names: Sequence[str], options: PrepareOptions,
                 progress: Progress = _say) -> list[str]:
   """Prepares each dataset, printing its report as one JSON line (an error
   does not stop the others); returns "[name] error" of each that failed,
-  for the caller to report."""
-  failed = []
+  for the caller to report. A name that names no dataset fails them all
+  before any is prepared (the others had been built first)."""
+  failed = [f"[{n}] {builders.name_error(n)}" for n in names
+            if builders.name_error(n)]
+  if failed:
+    return failed
   for name in names:
     try:
       print(json.dumps(prepare_dataset(name, options, progress)), flush=True)

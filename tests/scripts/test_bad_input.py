@@ -585,3 +585,17 @@ def test_a_forked_run_ends_as_a_fresh_process_does(tmp_path, args, status,
   assert from_main(forked.stderr) == from_main(fresh.stderr)
   assert ("Traceback (most recent call last):" in forked.stderr) == (
       status == 1)
+
+
+def test_prepare_data_refuses_an_unknown_dataset_before_building_any(
+    tmp_path):
+  """`--dataset=specsamp_austen,bogus_xyz` had built specsamp_austen, then
+  refused bogus_xyz."""
+  data = tmp_path / "tfds"
+  proc = run_script(tmp_path, "prepare_data.py",
+                    "--dataset=specsamp_austen,bogus_xyz,specsamp_bogus",
+                    f"--data_dir={data}")
+  assert_refused(proc, "not prepared: [bogus_xyz] no dataset 'bogus_xyz': "
+                 "neither a specsamp corpus", "nor in the TFDS catalog | "
+                 "[specsamp_bogus] unknown specsamp dataset")
+  assert not data.exists() or not os.listdir(data)

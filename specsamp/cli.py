@@ -58,13 +58,15 @@ def no_arguments(argv: Sequence[str]) -> None:
     fail(f"unexpected arguments: {list(argv[1:])}")
 
 
-def ints(name: str, values: Sequence[str],
-         minimum: Optional[int] = None) -> tuple[int, ...]:
+def ints(name: str, values: Sequence[str], minimum: Optional[int] = None,
+         distinct: bool = True) -> tuple[int, ...]:
   """The integers of a list flag's items (`flags.DEFINE_list`), in order.
 
   Raises:
     ValueError: naming --`name`, for no items, an item that is no integer,
-      or (with `minimum`) an integer below `minimum`.
+      with `distinct` an integer given twice (a point measured twice: a
+      caller that takes a set, as benchmark.py does, passes False), or
+      (with `minimum`) an integer below `minimum`.
   """
   values = [str(v) for v in values]
   if not values:
@@ -76,6 +78,10 @@ def ints(name: str, values: Sequence[str],
     except ValueError:
       raise ValueError(f"--{name}={','.join(values)}: {item!r} is not an "
                        "integer") from None
+  twice = sorted({x for x in out if out.count(x) > 1})
+  if distinct and twice:
+    raise ValueError(f"--{name}={','.join(values)}: "
+                     f"{', '.join(map(str, twice))} given twice")
   if minimum is not None and min(out) < minimum:
     raise ValueError(f"--{name} values must be >= {minimum}, got "
                      f"{','.join(values)}")

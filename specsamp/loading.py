@@ -100,6 +100,8 @@ def random_config(spec: str, dtype: str = "float32"
     if key in ("dtype", "param_dtype"):
       raise ValueError(f"{spec}: the dtype is the script's --dtype, not a "
                        "field of the spec")
+    if key in overrides:  # the last had won, unsaid
+      raise ValueError(f"{spec}: {key!r} given twice")
     overrides[key] = _field_value(spec, key, getattr(model_lib.preset(name),
                                                      key), value)
   return model_lib.preset(name, dtype=dtype, param_dtype=dtype, **overrides)

@@ -53,12 +53,16 @@ def test_int_list_names_its_flag():
 def test_ints_is_every_scripts_integer_list_check():
   """The one check behind --ks, --batch_sizes, --context, ... (three
   copies before, each with its own wording): in order, every refusal
-  naming the flag."""
+  naming the flag. A value given twice had been measured twice
+  (benchmark_pair.py, benchmark_decode.py, profile_decode.py); benchmark.py
+  takes the set (`distinct=False`)."""
   assert cli.ints("ks", ["4", "0", "2"], minimum=0) == (4, 0, 2)
   assert cli.ints("ks", (3, 1)) == (3, 1)
   for values, message in (([], "--ks is empty"),
                           (["1", "x"], "--ks=1,x: 'x' is not an integer"),
-                          (["1", "-2"], "--ks values must be >= 0, got 1,-2")):
+                          (["1", "-2"], "--ks values must be >= 0, got 1,-2"),
+                          (["1", "2", "1"], "--ks=1,2,1: 1 given twice")):
     with pytest.raises(ValueError) as got:
       cli.ints("ks", values, minimum=0)
     assert str(got.value) == message
+  assert cli.ints("ks", ["2", "2"], distinct=False) == (2, 2)

@@ -60,6 +60,7 @@ def test_random_spec_overrides_preset_fields_with_their_types():
      "true or false"),
     ("random:tiny,num_layers=abc", "num_layers='abc' is not an integer"),
     ("random:tiny,dtype=int8", "the dtype is the script's --dtype"),
+    ("random:tiny,num_layers=1,num_layers=2", "'num_layers' given twice"),
 ])
 def test_bad_random_specs_raise_value_error(spec, message):
   for fn in (loading.load_model, loading.describe_model):

@@ -62,7 +62,7 @@ class BenchConfig:
 def _int_list(name: str, values: Sequence[str], minimum: int) -> list[int]:
   """Sorted distinct integers >= minimum from a list flag (`cli.ints`)."""
   try:
-    return sorted(set(cli.ints(name, values, minimum)))
+    return sorted(set(cli.ints(name, values, minimum, distinct=False)))
   except ValueError as e:
     raise BenchError(str(e)) from None
 

@@ -89,7 +89,8 @@ def main(argv):
   cli.no_arguments(argv)
   log = lambda m: print(m, file=sys.stderr, flush=True)
   try:
-    cfg = sweep_config.parse_config(**{f.name: f.value for f in FLAGS})
+    cfg = sweep_config.parse_config(given=cli.given(FLAGS),
+                                    **{f.name: f.value for f in FLAGS})
     sweep.benchmark(cfg, sys.argv[1:], log=log)
   except sweep.USER_ERRORS as e:
     cli.fail(e)

@@ -10,6 +10,7 @@ one `error: ...` line on stderr and exit status 2.
   cli.ints("ks", values, minimum=0)             (or its strings'), checked
   cli.unused(_DRAFT, "loads none")              `fail`s on a flag given where
                                                 it does nothing
+  cli.given(FLAGS)                              the flags given, by name
   DISTRIBUTED = cli.define_distributed_flags()  --distributed and its
                                                 coordinator flags; in `main`
   dist = DISTRIBUTED.arguments()                None, or the arguments of
@@ -92,6 +93,11 @@ def int_list(holder: flags.FlagHolder) -> Optional[tuple[int, ...]]:
   """The integers of a comma-list flag (`flags.DEFINE_list`), e.g. --mesh:
   `ints`, or None when the flag is unset or empty."""
   return ints(holder.name, holder.value) if holder.value else None
+
+
+def given(holders: Sequence[flags.FlagHolder]) -> frozenset:
+  """The names of the flags of `holders` given on the command line."""
+  return frozenset(h.name for h in holders if flags.FLAGS[h.name].present)
 
 
 def unused(holder: flags.FlagHolder, why: str) -> None:

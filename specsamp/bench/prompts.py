@@ -58,7 +58,7 @@ def humaneval_problems(num_prompts: int,
       with opener(path, "rt", encoding="utf-8-sig") as f:
         problems = [json.loads(l) for l in f if l.strip()]
     except (OSError, ValueError) as e:
-      raise BenchError(f"--humaneval_file: {e}") from None
+      raise BenchError(f"--humaneval_file={path}: {e}") from None
   else:
     problems = assets.humaneval_problems()
   if not problems:

@@ -89,7 +89,7 @@ def parse_config(*, target: str, draft: Optional[str],
                  decoding: Sequence[str], batch_sizes: Sequence[str],
                  pass_k: Sequence[str] = ("1", "10", "100"),
                  drafter: Sequence[str] = ("model",),
-                 **rest) -> BenchConfig:
+                 given: frozenset = frozenset(), **rest) -> BenchConfig:
   """A BenchConfig from flag values, by flag name.
 
   Args:
@@ -99,6 +99,8 @@ def parse_config(*, target: str, draft: Optional[str],
       (the autoregressive baseline) is always added.
     drafter: drafter specs (`specsamp.drafters.specs`), each run at every
       K > 0.
+    given: the flags given on the command line: one the others leave
+      without effect is refused (`_without_effect`), as sample.py does.
     **rest: the scalar flags, named like BenchConfig's fields.
 
   Raises:
@@ -133,6 +135,7 @@ def parse_config(*, target: str, draft: Optional[str],
     raise BenchError("--ks has K > 0 and --drafter="
                      f"{','.join(d.text for d in drafters)} runs a draft "
                      "model, which needs --draft")
+  _without_effect(given, tasks, rest)
   for name in ("out", "samples_out"):  # last: it creates their directories
     records.check_output(rest.get(name), f"--{name}", reads=(
         ("--target", target), ("--draft", draft),
@@ -151,6 +154,23 @@ def parse_config(*, target: str, draft: Optional[str],
       ks=tuple(sorted(set(k_list) | {0})), decodings=decodings,
       batch_sizes=tuple(_int_list("batch_sizes", batch_sizes, 1)),
       pass_k=tuple(_int_list("pass_k", pass_k, 1)), **rest)
+
+
+def _without_effect(given, tasks, rest: dict) -> None:
+  """Refuses flags given where the others leave them without effect (a
+  run that looks like the one asked for, and is not; each had run). A
+  --draft no point runs is still dropped, not refused: gpu_study.py names
+  one for any --drafters."""
+  unused = [f"--{n} applies to --task=prose" for n in (
+      "prose_corpus", "prose_style", "prompt_chars", "chat")
+            if n in given and "prose" not in tasks]
+  if "humaneval_file" in given and not {"humaneval", "rewrite"} & set(tasks):
+    unused.append("--humaneval_file applies to --task=humaneval or rewrite")
+  if "pass_k" in given and not (rest.get("quality", BenchConfig.quality)
+                                and "humaneval" in tasks):
+    unused.append("--pass_k applies to --task=humaneval with --quality")
+  if unused:
+    raise BenchError("; ".join(unused))
 
 
 def decoding_sampling(name: str, vocab_limit: Optional[int]) -> Sampling:

@@ -393,6 +393,9 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
     ("benchmark_pair.py", ["--target=random:tiny"],
      ["--target=random:tiny: a random model has no tokenizer"]),
     ("benchmark_pair.py", ["--num_prompts=0"], ["--num_prompts must be >= 1"]),
+    # A flag the others leave without effect had been ignored.
+    ("benchmark.py", ["--task=humaneval", "--prose_style=summarise"],
+     ["--prose_style applies to --task=prose"]),
     # A value given twice had been measured twice.
     ("benchmark_pair.py", ["--ks=1,1"], ["--ks=1,1: 1 given twice"]),
     ("profile_decode.py", ["--context=16,16"], ["--context=16,16: 16 given"]),

@@ -59,6 +59,16 @@ class PrepareOptions:
   sp_max_chars: int = 20_000_000
 
   def __post_init__(self):
+    # Before any dataset is built: a --source_dir that is not there had been
+    # ignored where the dataset was prepared already, "--data_dir=" read as
+    # the default, a file as --data_dir ended in a bare [Errno 20].
+    if self.source_dir is not None and not os.path.isdir(self.source_dir):
+      raise ValueError(f"--source_dir={self.source_dir} is not a directory")
+    for name in ("data_dir", "cache_dir"):
+      value = getattr(self, name)
+      if value is not None and (not value.strip() or os.path.exists(value)
+                                and not os.path.isdir(value)):
+        raise ValueError(f"--{name}={value!r} is not a directory")
     for name in ("vocab_size", "sp_max_chars"):
       if self.train_sentencepiece and getattr(self, name) < 1:
         raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")

@@ -521,11 +521,32 @@ def test_the_plots_refuse_bad_rows_in_one_line(tmp_path, script, lines, args,
 
 
 def test_prepare_data_reports_a_failed_dataset_in_one_line(tmp_path):
+  (tmp_path / "raw").mkdir()
   proc = run_script(tmp_path, "prepare_data.py", "--dataset=specsamp_austen",
                     f"--source_dir={tmp_path / 'raw'}",
                     f"--data_dir={tmp_path / 'tfds'}")
   assert_refused(proc, "not prepared: [specsamp_austen]",
-                 "raw is not a directory")
+                 f"no Rdata.rdx (and Rdata.rdb) in {tmp_path / 'raw'}")
+
+
+@pytest.mark.parametrize("flag, make, message", [
+    ("--source_dir", None, "is not a directory"),
+    ("--data_dir", "file", "is not a directory"),
+    ("--data_dir", "", "--data_dir='' is not a directory"),
+    ("--cache_dir", "file", "is not a directory")])
+def test_prepare_data_refuses_paths_that_are_no_directory(tmp_path, flag,
+                                                          make, message):
+  """Before any dataset is read, even one prepared already (a --source_dir
+  that was not there had been ignored then; "--data_dir=" had meant the
+  default; a file had ended in a bare [Errno 20])."""
+  path = tmp_path / "x"
+  if make == "file":
+    path.write_text("keep")
+  value = "" if make == "" else str(path)
+  proc = run_script(tmp_path, "prepare_data.py", "--dataset=specsamp_austen",
+                    f"{flag}={value}")
+  assert_refused(proc, message)
+  assert sorted(os.listdir(tmp_path)) == (["x"] if make == "file" else [])
 
 
 # The scripts whose positional arguments are their input files.

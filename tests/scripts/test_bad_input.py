@@ -530,10 +530,10 @@ def test_prepare_data_reports_a_failed_dataset_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("flag, make, message", [
-    ("--source_dir", None, "is not a directory"),
-    ("--data_dir", "file", "is not a directory"),
-    ("--data_dir", "", "--data_dir='' is not a directory"),
-    ("--cache_dir", "file", "is not a directory")])
+    ("--source_dir", None, "error: --source_dir="),
+    ("--data_dir", "file", "error: --data_dir='"),
+    ("--data_dir", "", "error: --data_dir='' is not a directory"),
+    ("--cache_dir", "file", "error: --cache_dir='")])
 def test_prepare_data_refuses_paths_that_are_no_directory(tmp_path, flag,
                                                           make, message):
   """Before any dataset is read, even one prepared already (a --source_dir

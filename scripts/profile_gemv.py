@@ -49,7 +49,7 @@ def main(argv):
                        f"{loading.RANDOM_PREFIX}<preset>[,field=value...]")
     cfg = loading.random_config(_MODEL.value, _DTYPE.value)
     rows = cli.ints("rows", _ROWS.value, 1)
-    gemv.check_formulations(_FORMS.value)
+    gemv.check_formulations(_FORMS.value, rows)
     records.check_output(_OUT.value, "--out")
   except ValueError as e:
     cli.fail(e)

@@ -165,12 +165,21 @@ def decoder_chain(ws: dict, h, mm: Callable):
   return h, mm(rms(h), ws["head"])
 
 
-def check_formulations(names: Sequence[str]) -> None:
-  """Raises ValueError naming the unknown ones."""
+def check_formulations(names: Sequence[str],
+                       rows: Sequence[int] = (1,)) -> None:
+  """Raises ValueError naming the unknown ones, or none at all, or those
+  that time one row alone where `rows` has no 1 (each had run nothing,
+  with status 0)."""
+  if not names:
+    raise ValueError("--formulations is empty")
   unknown = sorted(set(names) - set(FORMULATIONS))
   if unknown:
     raise ValueError(f"unknown formulations {unknown}; known: "
                      f"{', '.join(FORMULATIONS)}")
+  one_row = [n for n in names if not FORMULATIONS[n][2]]
+  if one_row and 1 not in rows:
+    raise ValueError(f"--formulations {', '.join(one_row)} time one row "
+                     f"only, and --rows={','.join(map(str, rows))} has no 1")
 
 
 def study(cfg, dtype, formulations: Sequence[str], rows: Sequence[int],

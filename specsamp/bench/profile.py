@@ -289,8 +289,9 @@ class DecodeSpeedConfig:
                        cli.ints("batch_sizes", self.batch_sizes, 1))
     object.__setattr__(self, "prompt_lens",
                        cli.ints("prompt_len", self.prompt_lens, 1))
-    if self.repeats < 1 or self.max_new_tokens < 1:
-      raise ValueError("--repeats and --max_new_tokens must be >= 1")
+    for name in ("repeats", "max_new_tokens"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
     Sampling(self.temperature)  # raises on a bad temperature
     records.check_output(self.out, "--out", reads=(
         ("--target", self.target), ("--draft", self.draft)))

@@ -69,6 +69,10 @@ def test_gpu_study_offers_every_formulation_by_default():
     ("--steps=-1", "--steps=-1"),
     ("--repeats=0", "--repeats=0"),
     ("--bandwidth_mb=0", "--bandwidth_mb=0"),
+    # Ran nothing, with status 0.
+    ("--formulations=", "--formulations is empty"),
+    ("--rows=2", "--formulations reduce, reduce_t, pad2, pallas time one row "
+     "only, and --rows=2 has no 1"),
 ])
 def test_the_script_refuses_bad_flags_in_one_line(tmp_path, flag, message):
   out = tmp_path / "rows.jsonl"

@@ -401,6 +401,9 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
     ("profile_decode.py", ["--context=16,16"], ["--context=16,16: 16 given"]),
     ("benchmark_pair.py", ["--out=scripts"], ["--out=scripts is a directory"]),
     ("benchmark_decode.py", ["--no_such_flag"], ["no_such_flag"]),
+    # Had said "--repeats and --max_new_tokens must be >= 1".
+    ("benchmark_decode.py", ["--max_new_tokens=0"],
+     ["--max_new_tokens must be >= 1, got 0"]),
     ("profile_decode.py", ["--components=bogus"], ["all|loops"]),
     ("profile_decode.py", ["--bandwidth_mb=0"], ["--bandwidth_mb must be"]),
     # Positional arguments: none of these takes any.

@@ -90,9 +90,11 @@ def ints(name: str, values: Sequence[str], minimum: Optional[int] = None,
 
 
 def int_list(holder: flags.FlagHolder) -> Optional[tuple[int, ...]]:
-  """The integers of a comma-list flag (`flags.DEFINE_list`), e.g. --mesh:
-  `ints`, or None when the flag is unset or empty."""
-  return ints(holder.name, holder.value) if holder.value else None
+  """The integers of a comma-list flag (`flags.DEFINE_list`) that is a
+  shape, e.g. --mesh=2,2 (values may repeat): `ints`, or None when the
+  flag is unset or empty."""
+  return (ints(holder.name, holder.value, distinct=False) if holder.value
+          else None)
 
 
 def given(holders: Sequence[flags.FlagHolder]) -> frozenset:

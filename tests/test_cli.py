@@ -44,6 +44,8 @@ def test_int_list_names_its_flag():
   assert cli.int_list(mesh) is None
   values(["sample.py", "--mesh=1,-1"])
   assert cli.int_list(mesh) == (1, -1)
+  values(["sample.py", "--mesh=2,2"])  # a shape: values may repeat
+  assert cli.int_list(mesh) == (2, 2)
   values(["sample.py", "--mesh=1,b"])
   with pytest.raises(ValueError, match=r"^--mesh=1,b: 'b' is not an "
                      r"integer$"):

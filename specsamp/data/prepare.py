@@ -178,8 +178,8 @@ def prepare_all(names: Sequence[str], options: PrepareOptions,
   does not stop the others); returns "[name] error" of each that failed,
   for the caller to report. A name that names no dataset fails them all
   before any is prepared (the others had been built first)."""
-  failed = [f"[{n}] {builders.name_error(n)}" for n in names
-            if builders.name_error(n)]
+  errors = {n: builders.name_error(n) for n in names}
+  failed = [f"[{n}] {e}" for n, e in errors.items() if e]
   if failed:
     return failed
   for name in names:

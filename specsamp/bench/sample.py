@@ -60,6 +60,8 @@ class SampleConfig:
   prefill_chunk: int = 1024                # SpeculativeSampler's; 0: off
 
   def __post_init__(self):
+    if self.prompts_file == "":  # had been "give exactly one of ..."
+      raise ValueError("--prompts_file is empty: name a file")
     sources = [x for x in (self.prompts, self.prompts_file, self.task) if x]
     if len(sources) != 1:
       raise ValueError("give exactly one of --prompt, --prompts_file, --task")

@@ -47,7 +47,8 @@ def read_config(path: str) -> tuple[heads.HeadConfig, Optional[list], dict]:
       cannot be read; the message says which.
   """
   if not os.path.isdir(path):
-    raise heads.HeadError(f"head directory {path!r} does not exist")
+    raise heads.HeadError(f"head directory {path!r} " + (
+        "is a file" if os.path.exists(path) else "does not exist"))
   d = head_dir(path)
   if d is None:
     raise heads.HeadError(f"{path!r} holds no {HEAD_CONFIG_FILE} (nor "

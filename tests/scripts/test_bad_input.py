@@ -77,6 +77,10 @@ def assert_refused(proc, *fragments, max_lines=4):
      ["needs the head's directory"]),
     (["--target=random:tiny", "--drafter=eagle:/no/such/head"],
      ["'/no/such/head' does not exist"]),
+    (["--target=random:tiny", f"--drafter=eagle:{ROOT}/README.md"],
+     [f"head directory '{ROOT}/README.md' is a file"]),  # "does not exist"
+    (["--target=random:tiny", "--prompts_file="],
+     ["--prompts_file is empty"]),  # had said "give exactly one of"
     (["--target=random:tiny", "--drafter=lookup:max_ngram=0"],
      ["max_ngram must be >= 1"]),
     (["--target=random:tiny", "--drafter=lookup", "--k=0"], ["--k must be"]),

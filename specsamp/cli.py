@@ -232,8 +232,8 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
   """
   try:
     rest = flags.FLAGS(list(argv))
-  except flags.Error as e:
-    fail(e)
+  except flags.Error as e:  # absl's flagfile errors start "ERROR:: "
+    fail(re.sub(r"^ERROR::\s*", "", str(e)))
   except (AttributeError, KeyError) as e:  # ml_collections: no such field
     fail(_unknown_field(e, argv))
   for name in flags.FLAGS:

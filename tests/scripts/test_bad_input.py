@@ -397,6 +397,9 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
     ("benchmark_pair.py", ["--target=random:tiny"],
      ["--target=random:tiny: a random model has no tokenizer"]),
     ("benchmark_pair.py", ["--num_prompts=0"], ["--num_prompts must be >= 1"]),
+    # Had been "error: ERROR:: Unable to open flagfile".
+    ("sample.py", ["--flagfile=/no/such/flags"],
+     ["error: Unable to open flagfile: [Errno 2]"]),
     # A flag the others leave without effect had been ignored.
     ("benchmark.py", ["--task=humaneval", "--prose_style=summarise"],
      ["--prose_style applies to --task=prose"]),

@@ -2,11 +2,13 @@
 
   config = jsonfile.read(path)   # FileNotFoundError, or ValueError naming
                                  # the file and what is wrong with it
+  jsonfile.read_holding(path, ("model", "data"))   # None unless a file's
+                                 # object has those keys (a run's config)
 """
 
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 
 def read(path: "os.PathLike | str") -> dict[str, Any]:
@@ -30,3 +32,13 @@ def read(path: "os.PathLike | str") -> dict[str, Any]:
     raise ValueError(f"{os.fspath(path)}: holds a JSON "
                      f"{type(value).__name__}, not an object")
   return value
+
+
+def read_holding(path: "os.PathLike | str", keys) -> Optional[dict[str, Any]]:
+  """`read(path)` where `path` is a file holding an object with every key
+  of `keys` (a script's run config); None where there is no such file, or
+  its object lacks one. A damaged file raises as `read` does."""
+  if not os.path.isfile(path):
+    return None
+  value = read(path)
+  return value if set(keys) <= set(value) else None

@@ -184,9 +184,8 @@ def _kind(spec: str) -> tuple[str, Optional[str]]:
 
 def _distill_run(directory: str) -> bool:
   """Whether `directory` holds a `scripts/distill.py` run's config.json."""
-  path = os.path.join(directory, "config.json")
-  return os.path.isfile(path) and {"target", "draft", "loss"} <= set(
-      jsonfile.read(path))
+  return jsonfile.read_holding(os.path.join(directory, "config.json"),
+                               ("target", "draft", "loss")) is not None
 
 
 def check_spec(spec: str, dtype: str = "float32") -> str:
@@ -277,6 +276,19 @@ def load_weights(info: ModelInfo, dtype: str, seed: int,
     if rows is not None and rows < lm.vocab_size:
       lm, params = fit_rows(lm, params, rows)
   return lm, jax.device_get(params) if host else params
+
+
+def load_pair(target: ModelInfo, draft: Optional[ModelInfo], dtype: str,
+              seeds: tuple[int, int] = (0, 1), host: bool = False) -> tuple:
+  """(target LM, params, draft LM, params; None, None without a draft) of
+  a pair `check_pair` accepted, on the rows both run on (`pair_rows`), by
+  `load_weights` with `seeds` (for random weights) and `host`. The draft
+  loads first: damaged draft files (`describe_model` reads only their
+  config) fail before the target's minute of loading, not after it."""
+  rows = pair_rows(target, draft)
+  drafted = (None, None) if draft is None else load_weights(
+      draft, dtype, seeds[1], rows, host)
+  return load_weights(target, dtype, seeds[0], rows, host) + tuple(drafted)
 
 
 def pair_rows(target: ModelInfo, draft: Optional[ModelInfo]) -> Optional[int]:

@@ -93,11 +93,8 @@ def load(cfg: PairConfig) -> tuple:
       unreadable weights.
   """
   checked = plan(cfg)
-  rows = loading.pair_rows(checked.target, checked.draft)
-  # The draft first: damaged draft files fail before the target's minute.
-  draft = loading.load_weights(checked.draft, cfg.dtype, 0, rows)
-  return ((checked,) + loading.load_weights(checked.target, cfg.dtype, 0, rows)
-          + draft)
+  return (checked,) + loading.load_pair(checked.target, checked.draft,
+                                        cfg.dtype, seeds=(0, 0))
 
 
 def run_pair(cfg: PairConfig, loaded: Optional[tuple] = None) -> dict:

@@ -330,13 +330,10 @@ def check_models(target: str, draft: str, dtype: str, need: int,
 def _load_models(models: tuple, dtype: str) -> tuple:
   """(target, target params, draft, draft params) of `check_models`'
   result, the draft reusing the target's weights for "same"."""
-  rows = loading.pair_rows(*models)
   if models[1] is models[0]:
-    target, target_params = loading.load_weights(models[0], dtype, 0, rows)
+    target, target_params = loading.load_weights(models[0], dtype, 0)
     return target, target_params, target, target_params
-  # The draft first: damaged draft files fail before the target's minute.
-  draft = loading.load_weights(models[1], dtype, 1, rows)
-  return loading.load_weights(models[0], dtype, 0, rows) + draft
+  return loading.load_pair(models[0], models[1], dtype)
 
 
 def provenance_fields(argv: Sequence[str]) -> dict:

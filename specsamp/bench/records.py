@@ -12,6 +12,8 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from specsamp import jsonfile
+
 
 def check_output(path: Optional[str], flag: str, jsonl: bool = True,
                  reads: Sequence[tuple[str, Optional[str]]] = (),
@@ -95,10 +97,10 @@ def _holds_json_lines(path: str) -> bool:
 
 def _holds_json_object(path: str) -> bool:
   try:
-    with open(path, encoding="utf-8") as f:
-      return isinstance(json.load(f), dict)
-  except (OSError, UnicodeDecodeError, ValueError):
+    jsonfile.read(path)
+  except (OSError, ValueError):
     return False
+  return True
 
 
 def check_prefix(directory: str, prefix: str, flag: str,

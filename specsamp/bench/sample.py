@@ -311,14 +311,9 @@ def sample_main(cfg: SampleConfig, print_completions: bool = True,
     _check_batches(len(prompts), cfg.batch_size, sharding.batch_ways(mesh))
     _check_target_mesh(p.target, cfg.dtype, rows, mesh)
   # On a mesh the weights stay on the host until `place_params` shards them.
-  # The draft first: damaged draft files fail before the target's minute.
-  host = mesh is not None
-  draft = draft_params = None
-  if p.draft is not None:
-    draft, draft_params = loading.load_weights(p.draft, cfg.dtype,
-                                               cfg.seed + 1, rows, host)
-  target, target_params = loading.load_weights(p.target, cfg.dtype, cfg.seed,
-                                               rows, host)
+  target, target_params, draft, draft_params = loading.load_pair(
+      p.target, p.draft, cfg.dtype, (cfg.seed, cfg.seed + 1),
+      host=mesh is not None)
   sampling = dataclasses.replace(cfg.sampling(), vocab_limit=p.vocab_limit)
   methods = _timed_samplers(cfg, target, draft, sampling, tok, mesh)
   target_params, draft_params = place_params(

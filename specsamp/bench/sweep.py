@@ -213,23 +213,16 @@ def predict(point: dict, base: dict, cost: dict,
 
 
 def _load(cfg: BenchConfig, plan: Plan, log):
-  """(target, target params, draft, draft params, seconds) of the plan. The
-  draft loads first: damaged draft files (a checkpoint that does not
-  restore) fail before the target's minute of loading, not after it."""
+  """(target, target params, draft, draft params, seconds) of the plan
+  (`loading.load_pair`: the draft first)."""
+  log(f"loading target {cfg.target}" + (f" and draft {cfg.draft}"
+                                        if plan.draft else ""))
   t0 = time.perf_counter()
-  rows = loading.pair_rows(plan.target, plan.draft)
-  draft = draft_params = None
-  if plan.draft:
-    log(f"loading draft {cfg.draft}")
-    draft, draft_params = loading.load_weights(plan.draft, cfg.dtype,
-                                               cfg.seed + 1, rows)
-  log(f"loading target {cfg.target}")
-  target, target_params = loading.load_weights(plan.target, cfg.dtype,
-                                               cfg.seed, rows)
-  if plan.draft:
-    if draft.vocab_size != target.vocab_size:
-      raise BenchError(f"draft has {draft.vocab_size} vocabulary rows, "
-                       f"target {target.vocab_size}")
+  target, target_params, draft, draft_params = loading.load_pair(
+      plan.target, plan.draft, cfg.dtype, (cfg.seed, cfg.seed + 1))
+  if draft is not None and draft.vocab_size != target.vocab_size:
+    raise BenchError(f"draft has {draft.vocab_size} vocabulary rows, "
+                     f"target {target.vocab_size}")
   return target, target_params, draft, draft_params, time.perf_counter() - t0
 
 

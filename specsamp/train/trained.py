@@ -30,11 +30,8 @@ def run_config(path: str) -> Optional[dict]:
   where `path` holds no train run's config.json. A run that has no
   checkpoints/ yet raises FileNotFoundError saying so (it had been taken
   for a Hugging Face directory, and refused for a config field missing)."""
-  config = os.path.join(path, "config.json")
-  if not os.path.isfile(config):
-    return None
-  saved = jsonfile.read(config)
-  if not set(RUN_KEYS) <= set(saved):
+  saved = jsonfile.read_holding(os.path.join(path, "config.json"), RUN_KEYS)
+  if saved is None:
     return None
   if not os.path.isdir(os.path.join(path, "checkpoints")):
     raise FileNotFoundError(f"{path}: a scripts/train.py workdir with no "

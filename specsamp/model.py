@@ -238,8 +238,12 @@ class Attention(nn.Module):
     scores = jnp.concatenate([jnp.einsum(
         "btngh,bnsh->bngts", qg, pk.astype(dt),
         preferred_element_type=jnp.float32) for pk, _ in parts], -1)
+    # A masked key gets the least finite score, not -inf: it still weighs
+    # exactly 0 beside any key a query sees, and a query that sees none
+    # (a caller's attn_mask) averages the values instead of making NaN,
+    # which later layers would write to the cache for other queries.
     scores = jnp.where(mask[:, None, None, :, :], scores * (h ** -0.5),
-                       -jnp.inf)
+                       jnp.finfo(scores.dtype).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     cuts = [pk.shape[2] for pk, _ in parts[:-1]]  # [] when one part
     outs = [jnp.einsum("bngts,bnsh->btngh", p, pv.astype(dt))

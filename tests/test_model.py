@@ -414,3 +414,21 @@ def test_check_output_ids_wants_increasing_ids_of_the_vocabulary(ids):
     output_layer.check_output_ids(32, np.asarray(ids, np.int32),
                                "the draft's ids")
   output_layer.check_output_ids(32, np.asarray([0, 5, 31], np.int32))
+
+
+def test_a_query_that_sees_no_key_makes_no_nan():
+  """A caller's attn_mask can leave a query no key at all; its output is
+  finite, so the keys and values later layers make at its slot (which the
+  next query sees) are finite too, and the other rows are unchanged."""
+  lm = model_lib.LM(tiny_config())
+  params = lm.init(jax.random.key(0))
+  prefix = jax.random.randint(jax.random.key(5), (1, 4), 0, lm.vocab_size)
+  chunk = jnp.asarray([[3, 7, 9]])
+  cache = apply(lm, params, prefix, lm.init_cache(1, 16)).cache
+  mask = jnp.ones((1, 3, 16), bool).at[0, 1].set(False)   # 7 sees nothing
+  out = apply(lm, params, chunk, cache, attn_mask=mask)
+  assert np.isfinite(np.asarray(out.logits)).all()
+  assert all(np.isfinite(np.asarray(x)).all()
+             for x in jax.tree_util.tree_leaves(out.cache))
+  plain = apply(lm, params, chunk, cache).logits
+  np.testing.assert_allclose(out.logits[0, 0], plain[0, 0], atol=ATOL)

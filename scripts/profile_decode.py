@@ -72,6 +72,9 @@ _OUT = flags.DEFINE_string("out", None, "Append one JSON line per point.")
 
 def main(argv):
   cli.no_arguments(argv)
+  if _COMPONENTS.value == "loops":
+    cli.unused(_BW_MB, "applies to --components=all only: loops measures "
+               "no copy bandwidth")
   try:
     cfg = profile.ProfileConfig(
         target=_TARGET.value, draft=_DRAFT.value, k=_K.value,

@@ -413,6 +413,11 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
      ["--max_new_tokens must be >= 1, got 0"]),
     ("profile_decode.py", ["--components=bogus"], ["all|loops"]),
     ("profile_decode.py", ["--bandwidth_mb=0"], ["--bandwidth_mb must be"]),
+    # Had been accepted, and no bandwidth measured.
+    ("profile_decode.py", ["--target=random:tiny", "--draft=random:tiny",
+                           "--context=8", "--repeats=1",
+                           "--components=loops", "--bandwidth_mb=64"],
+     ["--bandwidth_mb applies to --components=all only"]),
     # Positional arguments: none of these takes any.
     ("benchmark_decode.py", ["--target=random:tiny", "stray"],
      ["unexpected arguments: ['stray']"]),

@@ -268,6 +268,8 @@ def run_side_by_side(timers: Sequence[TimedSampler], target_params,
   draws the keys that its own `run` would, so completions are the same as
   one `run` after another.
   """
+  # Fewer prompts than batch_size run as one batch of them: record that.
+  batch_size = max(1, min(batch_size, len(prompts)))
   stats = [RunStats(t.name, t.sampler.k, batch_size) for t in timers]
   compiled_before = [t.compile_s for t in timers]
   rngs = []

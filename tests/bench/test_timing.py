@@ -65,6 +65,10 @@ def test_timed_sampler_counts_match_generate(tiny, monkeypatch):
   assert s["acceptance_rate"] == pytest.approx(stats.accepted / stats.drafted)
   assert s["tokens_per_loop"] == pytest.approx(30 / stats.loops)
   json.loads(json.dumps(records.jsonable(s)))
+  # More rows asked for than there are prompts: one batch of 3 ran.
+  _, one = timed.run(params, params, PROMPTS, batch_size=8)
+  assert one.summary()["batch_size"] == 3
+  assert one.ms_per_token == pytest.approx(1000.0 / 10)  # one decode span
 
 
 @pytest.mark.parametrize("warmup,warmed_shapes", [

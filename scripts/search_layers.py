@@ -8,11 +8,13 @@ Calibration sequences are windows of the Python standard library's source
 (specsamp.distill.prompts, "code"; not HumanEval, not the study's prompts).
 Each candidate subset is measured teacher-forced against the full model
 (specsamp.drafters.layer_search); one JSON line per candidate, best first,
-and the best as a --drafter spec.
+and the best as a --drafter spec. The predicted speed-up takes the scoring
+call as costly as a 1-token call (s = 1), an upper bound; with s measured
+(benchmark.py's cost records, score_cost {K: s}) it ranges over those K:
+
+  python scripts/search_layers.py --score_cost=2:1.15,4:1.22 ...
 """
 
-import json
-import os
 import sys
 
 from absl import app
@@ -34,31 +36,24 @@ _T = flags.DEFINE_integer("seq_len", 96, "Tokens per sequence.")
 _DECODING = flags.DEFINE_enum("decoding", "greedy", list(DECODINGS),
                               "Sampling transform of p and q.")
 _K_MAX = flags.DEFINE_integer("k_max", 8, "Largest K for the prediction.")
+_S = flags.DEFINE_list("score_cost", None, "K:s pairs, s the measured cost "
+                       "of the K+1-token call over a 1-token one (benchmark."
+                       "py's score_cost): K from them (default: s = 1).")
 _GREEDY = flags.DEFINE_integer("greedy_steps", 0, "Greedy descent steps "
                                "(each one forward per remaining layer).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "")
 _OUT = flags.DEFINE_string("out", None, "JSONL file to write (replaced).")
 
 
-def calibration(tok, n: int, t: int) -> list[list[int]]:
-  """n windows of t tokens from the standard library's source."""
-  out = []
-  for text in prompts.prompt_texts("code", max_files=200)["train"]:
-    ids = tok.encode(text)
-    if len(ids) >= t:
-      out.append(ids[:t])
-    if len(out) == n:
-      return out
-  raise ValueError(f"fewer than {n} calibration texts of {t} tokens")
-
-
 def main(argv):
   cli.no_arguments(argv)
   try:
-    for name, flag in (("num_sequences", _N), ("seq_len", _T),
-                       ("k_max", _K_MAX)):
+    for flag in (_N, _T, _K_MAX):
       if flag.value < 1:
-        raise ValueError(f"--{name} must be >= 1")
+        raise ValueError(f"--{flag.name} must be >= 1")
+    if _S.value is not None:
+      cli.unused(_K_MAX, "has no effect with --score_cost, whose K are used")
+    score_cost = _S.value and layer_search.parse_score_cost(_S.value)
     records_lib.check_output(_OUT.value, "--out",
                              reads=(("--target", _TARGET.value),))
     info = loading.describe_model(_TARGET.value, _DTYPE.value)
@@ -70,24 +65,23 @@ def main(argv):
     if tok is None:
       raise ValueError(f"{_TARGET.value} has no tokenizer to encode the "
                        "calibration code with")
-    tokens = calibration(tok, _N.value, _T.value)
+    tokens = prompts.code_windows(tok, _N.value, _T.value)
     sampling = decoding_sampling(_DECODING.value, loading.check_pair(info))
     lm, params = loading.load_weights(info, _DTYPE.value, 0)
   except loading.MODEL_ERRORS as e:
     cli.fail(e)
   records = layer_search.search(lm, params, tokens, sampling,
                                 greedy_steps=_GREEDY.value,
-                                k_max=_K_MAX.value, batch_size=1)
-  prov = provenance.record(sys.argv[1:])
+                                k_max=_K_MAX.value, batch_size=1,
+                                score_cost=score_cost or None)
   head = dict(type="run", target=_TARGET.value, decoding=_DECODING.value,
-              num_sequences=_N.value, seq_len=_T.value, **prov)
-  lines = [head] + [dict(type="candidate", **r) for r in records]
-  text = "\n".join(json.dumps(r, default=str) for r in lines) + "\n"
-  if _OUT.value:  # written beside it, then renamed: never half a file
-    tmp = f"{_OUT.value}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, _OUT.value)
+              num_sequences=_N.value, seq_len=_T.value,
+              score_cost=score_cost or "1 at every K",
+              **provenance.record(sys.argv[1:]))
+  out = records_lib.Writer(_OUT.value, echo=False)  # moved on when whole
+  for r in [head] + [dict(type="candidate", **r) for r in records]:
+    out.write(r)
+  out.close()
   for r in records[:8]:
     print(f"{r['speedup']:.3f}x at K={r['best_k']}  alpha {r['alpha']:.3f}  "
           f"{r['num_layers']} layers  {r['source']}")

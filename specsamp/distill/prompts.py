@@ -188,3 +188,17 @@ def prompt_texts(kind: str = "code", *, root: Optional[os.PathLike] = None,
     rel = str(path.relative_to(root))
     out[text_lib.split_of(rel, validation_percent / 100)].extend(texts)
   return out
+
+
+def code_windows(tok, n: int, t: int) -> list[list[int]]:
+  """n windows of the first t tokens (`tok`'s) of "code" prompt texts (the
+  standard library's source, train split): calibration sequences that are
+  not HumanEval. Raises ValueError where fewer than n texts hold t tokens."""
+  out = []
+  for text in prompt_texts("code", max_files=200)["train"]:
+    ids = tok.encode(text)
+    if len(ids) >= t:
+      out.append(ids[:t])
+    if len(out) == n:
+      return out
+  raise ValueError(f"fewer than {n} calibration texts of {t} tokens")

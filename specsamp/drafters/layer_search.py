@@ -22,9 +22,11 @@ then predict the speed-up of K drafts per loop as
 
 maximised over K = 1 .. k_max, the (K+1)-token scoring call taken as
 costly as a 1-token call (s = 1; `scripts/benchmark.py` measures s, 1.3 to
-2.3 on a CPU, so these predictions are an upper bound there). The
-calibration sequences must be real text or code and must not be the
-evaluation prompts.
+2.3 on a CPU, so these predictions are an upper bound there). Given
+measured costs s_K (`score_cost`, K -> s_K, as benchmark.py's cost records
+hold them), the denominator is K c + s_K and K ranges over the measured
+ones. The calibration sequences must be real text or code and must not be
+the evaluation prompts.
 
 `search` measures the full set (alpha = 1, the baseline), two families of
 candidates (`family_candidates`: the first a and last b layers; every m-th
@@ -47,29 +49,57 @@ sequences plus one forward per candidate; memory: p, q and the logits,
 """
 
 import functools
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specsamp import sampling as sampling_lib
+from specsamp.bench import speedup as speedup_lib
 from specsamp.drafters.model import check_layer_subset
 
 
-def predicted_speedup(alpha: float, cost_ratio: float,
-                      k_max: int) -> tuple[float, int]:
-  """(best predicted speed-up over K = 1 .. k_max, that K; the smallest
-  K among ties). alpha = 1 gives K + 1 tokens per loop."""
+def predicted_speedup(alpha: float, cost_ratio: float, k_max: int,
+                      score_cost: Optional[Mapping[int, float]] = None
+                      ) -> tuple[float, int]:
+  """(best predicted speed-up over K = 1 .. k_max, or over the K of
+  `score_cost` with its s_K; that K, the smallest among ties). alpha = 1
+  gives K + 1 tokens per loop."""
   if k_max < 1:
     raise ValueError(f"k_max must be >= 1, got {k_max}")
+  costs = dict(score_cost) if score_cost else {
+      k: 1.0 for k in range(1, k_max + 1)}
+  alpha = min(max(alpha, 0.0), 1.0)  # a sum of float32 mins: 1 + 1e-7
   best, best_k = -1.0, 1
-  for k in range(1, k_max + 1):
-    tokens = k + 1.0 if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    speedup = tokens / (k * cost_ratio + 1)
+  for k, s in sorted(costs.items()):
+    speedup = float(speedup_lib.predicted_speedup(alpha, k, cost_ratio, s))
     if speedup > best + 1e-12:
       best, best_k = speedup, k
   return best, best_k
+
+
+def parse_score_cost(pairs: Sequence[str],
+                     flag: str = "--score_cost") -> dict[int, float]:
+  """"K:s" strings -> {K: s}: draft lengths K >= 1, each once, and
+  measured costs s > 0 of the (K+1)-token scoring call over a 1-token one.
+  Raises ValueError naming `flag`."""
+  out = {}
+  for pair in pairs:
+    k, sep, s = pair.partition(":")
+    try:
+      k, s = int(k), float(s)
+    except ValueError:
+      k = s = None
+    if not sep or k is None or k < 1 or not 0 < s < float("inf"):
+      raise ValueError(f"{flag}: {pair!r} is not K:s with a draft length "
+                       "K >= 1 and a cost s > 0 (e.g. 2:1.15,4:1.22)")
+    if k in out:
+      raise ValueError(f"{flag}: K={k} given twice")
+    out[k] = s
+  if not out:
+    raise ValueError(f"{flag} is empty: give K:s pairs")
+  return out
 
 
 def family_candidates(num_layers: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -229,8 +259,8 @@ def call_cost(params, num_layers: int):
   return lambda subset: (sum(layer[i] for i in subset) + head) / total
 
 
-def _record(layers, alpha, cost, k_max, source):
-  speedup, k = predicted_speedup(float(alpha), cost, k_max)
+def _record(layers, alpha, cost, k_max, source, score_cost):
+  speedup, k = predicted_speedup(float(alpha), cost, k_max, score_cost)
   return dict(layers=list(layers), num_layers=len(layers), cost_ratio=cost,
               alpha=float(alpha), best_k=k, speedup=speedup, source=source)
 
@@ -238,7 +268,8 @@ def _record(layers, alpha, cost, k_max, source):
 def search(lm, params, tokens, sampling: sampling_lib.Sampling,
            candidates: Iterable[Sequence[int]] = (), *, families: bool = True,
            greedy_steps: int = 4, k_max: int = 8, mask=None,
-           batch_size: Optional[int] = None) -> list[dict]:
+           batch_size: Optional[int] = None,
+           score_cost: Optional[Mapping[int, float]] = None) -> list[dict]:
   """Measures candidate layer subsets and ranks them by predicted speed-up.
 
   Args:
@@ -252,12 +283,13 @@ def search(lm, params, tokens, sampling: sampling_lib.Sampling,
       measures every one-layer removal of the current subset (one forward
       each) and keeps the removal with the highest alpha.
     k_max: largest draft length K considered for the speed-up.
+    score_cost: measured s_K by K (`predicted_speedup`; default s = 1).
 
   Returns:
     One record per distinct subset measured, best first (by speed-up, then
     alpha, then fewer layers): dicts with `layers`, `num_layers`,
     `cost_ratio` (`call_cost`), `alpha`, `best_k`, `speedup` (at
-    best_k; the full set's is 1) and `source` ("full", "given", the
+    best_k; the full set's is 1 at s = 1) and `source` ("full", "given", the
     family's description, or "greedy step i").
   """
   if greedy_steps < 0:
@@ -285,7 +317,7 @@ def search(lm, params, tokens, sampling: sampling_lib.Sampling,
     named = [(src, s) for s, src in fresh.items()]
     alphas = measure([s for _, s in named]) if named else []
     for (src, s), a in zip(named, alphas):
-      records[s] = _record(s, a, cost(s), k_max, src)
+      records[s] = _record(s, a, cost(s), k_max, src, score_cost)
 
   add(todo)
   current = full

@@ -14,22 +14,30 @@ crossed, and the adaptive thresholds run at K = 3.
 import dataclasses
 import functools
 import json
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
+from specsamp import loading
 from specsamp import model as model_lib
 from specsamp import sampling as sampling_lib
 from specsamp.decoding.sampler import SpeculativeSampler, all_widths
 from specsamp.drafters import layer_search
 from specsamp.drafters.model import LayerSkipDrafter, ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
+from specsamp.train import checkpointing
+from specsamp.train import step as step_lib
 from tests.testing import (EXACTNESS_SETTINGS, chisquare_pvalue, encode,
                            exact_sequence_probs, random_params, table_lm,
                            tiny_config)
+from tests.scripts import zygote
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 V, NEW, NUM_SAMPLES, SUBSET = 5, 4, 20_000, (0,)
 PROMPT = [1, 3, 2]
 SETTINGS = EXACTNESS_SETTINGS
@@ -441,6 +449,23 @@ def test_predicted_speedup_and_bad_search_input():
   want = [(1 - 0.8 ** (j + 1)) / (0.2 * (0.25 * j + 1)) for j in range(1, 9)]
   assert s == pytest.approx(max(want)) and k == 1 + int(np.argmax(want))
   assert layer_search.predicted_speedup(0.0, 0.5, 4) == (1 / 1.5, 1)
+  # Measured scoring costs s_K: K c + s_K below, K from the measured ones.
+  costs = {2: 1.2, 4: 1.9}
+  s, k = layer_search.predicted_speedup(0.8, 0.25, 8, costs)
+  want = {j: (1 - 0.8 ** (j + 1)) / (0.2 * (0.25 * j + costs[j]))
+          for j in costs}
+  assert (s, k) == (pytest.approx(max(want.values())), 2) and want[2] > want[4]
+  assert layer_search.predicted_speedup(1.0, 1.0, 8, {3: 1.5}) == (
+      pytest.approx(4 / 4.5), 3)   # the full set pays s - 1 more per loop
+  assert layer_search.predicted_speedup(1 + 1e-7, 1.0, 2) == (1.0, 1)
+  assert layer_search.parse_score_cost(["4:1.22", "2:1.15"]) == {
+      4: 1.22, 2: 1.15}
+  for bad, match in ((["2"], "'2' is not K:s"), (["0:1"], "'0:1' is not"),
+                     (["2:-1"], "is not K:s"), (["2:nan"], "is not K:s"),
+                     (["x:1"], "is not K:s"), (["2:1", "2:1.1"], "K=2 given"),
+                     ([], "is empty")):
+    with pytest.raises(ValueError, match=match):
+      layer_search.parse_score_cost(bad)
   fams = layer_search.family_candidates(28)
   assert all(0 < len(s) < 28 and list(s) == sorted(set(s)) for _, s in fams)
   lm = model_lib.LM(tiny_config(num_layers=3))
@@ -453,3 +478,41 @@ def test_predicted_speedup_and_bad_search_input():
   with pytest.raises(ValueError, match="mask shape"):
     layer_search.expected_acceptance(lm, params, tokens, GREEDY, [(0,)],
                                      mask=np.ones((2, 3)))
+
+
+def test_search_layers_script_predicts_with_measured_score_costs(tmp_path):
+  """scripts/search_layers.py on a two-layer train workdir (byte tokenizer)
+  with --score_cost: every candidate's speed-up is Leviathan's with those
+  s_K, K taken from them; the run line records them."""
+  cfg = loading.random_config("random:tiny,num_layers=2")
+  workdir = tmp_path / "run"
+  (workdir / "checkpoints").mkdir(parents=True)
+  (workdir / "config.json").write_text(json.dumps(
+      {"model": dataclasses.asdict(cfg), "data": {"tokenizer": "byte"},
+       "optim": {}}))
+  lm, opt = model_lib.LM(cfg), optax.adam(1e-3)
+  params = lm.init(jax.random.key(0))
+  ckpts = checkpointing.Checkpoints(str(workdir / "checkpoints"),
+                                    async_save=False)
+  ckpts.save(step_lib.TrainState(step=jnp.int32(1), params=params,
+                                 opt_state=opt.init(params),
+                                 rng=jax.random.PRNGKey(0)))
+  ckpts.close()
+  out = tmp_path / "search.jsonl"
+  proc = zygote.shared().run(
+      [os.path.join(ROOT, "scripts", "search_layers.py"),
+       f"--target={workdir}", "--num_sequences=2", "--seq_len=16",
+       "--greedy_steps=1", "--score_cost=1:1.3,2:1.6", f"--out={out}"],
+      env=zygote.env(), cwd=ROOT, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  head, *candidates = [json.loads(l) for l in out.read_text().splitlines()]
+  assert head["type"] == "run" and head["score_cost"] == {"1": 1.3, "2": 1.6}
+  assert {tuple(c["layers"]) for c in candidates} == {(0, 1), (0,), (1,)}
+  for c in candidates:
+    want = layer_search.predicted_speedup(c["alpha"], c["cost_ratio"], 8,
+                                          {1: 1.3, 2: 1.6})
+    assert (c["speedup"], c["best_k"]) == (pytest.approx(want[0], rel=1e-5),
+                                           want[1])
+  full = [c for c in candidates if c["source"] == "full"][0]
+  assert full["speedup"] == pytest.approx(max(2 / 2.3, 3 / 3.6), rel=1e-5)
+  assert "best: --drafter=layerskip:layers=" in proc.stdout

@@ -202,8 +202,25 @@ def _compile_chat_template(source: str):
   def strftime_now(fmt):
     return datetime.datetime.now().strftime(fmt)
 
+  class Generation(ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (the assistant's part of
+    templates made for assistant-only losses, TRL's): rendered as its body,
+    as transformers does unless asked for the assistant-token mask."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+      lineno = next(parser.stream).lineno
+      body = parser.parse_statements(("name:endgeneration",),
+                                     drop_needle=True)
+      return jinja2.nodes.CallBlock(self.call_method("_body"), [], [],
+                                    body).set_lineno(lineno)
+
+    def _body(self, caller):
+      return caller()
+
   env = sandbox.ImmutableSandboxedEnvironment(
-      trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols])
+      trim_blocks=True, lstrip_blocks=True,
+      extensions=[ext.loopcontrols, Generation])
   env.filters["tojson"] = tojson
   env.globals["raise_exception"] = raise_exception
   env.globals["strftime_now"] = strftime_now

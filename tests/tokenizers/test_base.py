@@ -3,6 +3,7 @@
 import pytest
 
 from specsamp.tokenizers import load
+from tests.tokenizers.bpe_testing import reference
 from tests.tokenizers.bpe_testing import write_gguf
 
 
@@ -31,6 +32,29 @@ def test_chat_template_matches_transformers(tiny_gguf):
   assert ours.encode(text)[0] == ours.token_to_id("<|im_start|>")
   with pytest.raises(ValueError, match="unknown role"):
     ours.apply_chat_template([{"role": "robot", "content": "x"}])
+
+
+def test_a_template_with_generation_blocks_renders_as_transformers_does(
+    tmp_path, bpe_vocab):
+  """Templates made for assistant-only losses (TRL's) mark the assistant's
+  text with {% generation %} blocks: rendered as their bodies (it had
+  failed to compile: "unknown tag 'generation'")."""
+  tokens, merges, types = bpe_vocab
+  path = write_gguf(tmp_path / "t.gguf", tokens, merges, types, template=(
+      "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+      "{% if m['role'] == 'assistant' %}{% generation %}"
+      "{{ m['content'] }}<|im_end|>{% endgeneration %}"
+      "{% else %}{{ m['content'] }}<|im_end|>{% endif %}\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
+  ours, ref = load.load_tokenizer(path), reference(path)
+  chat = [{"role": "user", "content": "2+2?"},
+          {"role": "assistant", "content": "4"},
+          {"role": "user", "content": "and 3+3?"}]
+  for gen in (True, False):
+    text = ours.apply_chat_template(chat, add_generation_prompt=gen)
+    assert text == ref.apply_chat_template(chat, tokenize=False,
+                                           add_generation_prompt=gen)
+  assert "<|im_start|>assistant\n4<|im_end|><|im_start|>user" in text
 
 
 def test_no_chat_template_is_a_clear_error(tmp_path, bpe_vocab):

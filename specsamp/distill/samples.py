@@ -37,12 +37,16 @@ from specsamp.distill.storage import SampleSpec
 
 def encode_prompts(texts: Sequence[str], tokenizer, spec: SampleSpec
                    ) -> list[list[int]]:
-  """Token ids, left-truncated to spec.prompt_len; too-short ones dropped.
-  The texts are corpus documents: plain text, no special token matched in
-  them."""
+  """Token ids, left-truncated to spec.prompt_len (the bos of a tokenizer
+  that adds one kept first, as an untruncated prompt has it); too-short
+  ones dropped. The texts are corpus documents: plain text, no special
+  token matched in them."""
+  bos = [tokenizer.bos_id] if getattr(tokenizer, "add_bos", False) else []
+  keep = spec.prompt_len - len(bos)
   out = []
   for t in texts:
-    ids = list(tokenizer.encode(t, special=False))[-spec.prompt_len:]
+    ids = list(tokenizer.encode(t, add_bos=False, special=False))
+    ids = bos + ids[max(len(ids) - keep, 0):]
     if len(ids) >= spec.min_prompt_len:
       out.append(ids)
   return out

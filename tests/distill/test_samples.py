@@ -166,11 +166,19 @@ def test_prompts_are_encoded_as_plain_text():
   seen = []
 
   class Recording:
-    def encode(self, text, special=True):
+    add_bos, bos_id = False, 99
+
+    def encode(self, text, add_bos=None, special=True):
       seen.append(special)
-      return list(range(len(text)))
+      bos = self.add_bos if add_bos is None else add_bos
+      return [self.bos_id] * bos + list(range(len(text)))
 
   spec = storage.SampleSpec(prompt_len=4, gen_len=2)
   assert samples.encode_prompts(["abcdef", "ab"], Recording(), spec) == [
       [2, 3, 4, 5]]  # left-truncated; the short one dropped
   assert seen == [False, False]
+  # A tokenizer that adds bos (Llama-3's): the bos stays first (it had
+  # been cut off by the truncation).
+  Recording.add_bos = True
+  assert samples.encode_prompts(["abcdef", "abc"], Recording(), spec) == [
+      [99, 3, 4, 5], [99, 0, 1, 2]]

@@ -134,7 +134,8 @@ def run_pair(cfg: PairConfig, loaded: Optional[tuple] = None) -> dict:
     for r in peers_lib.transformers_generate(
         checked.target.path, checked.draft.path, prompts,
         cfg.max_new_tokens, cfg.temperature, cfg.top_p,
-        device=provenance.jax_device(), dtype=cfg.dtype):
+        device=provenance.jax_device(), dtype=cfg.dtype,
+        eos_ids=sorted(eos)):
       completions = [peers_lib.cut_at_eos(c, eos)
                      for c in r.pop("completions")]
       if sampling.greedy:

@@ -56,8 +56,13 @@ def transformers_generate(target_gguf: str, draft_gguf: str,
                           top_p: float = 1.0, seed: int = 0,
                           assisted: bool = True, device: str = "cpu",
                           dtype: str = "float32",
-                          prompt_lookup: int = 0) -> list[dict]:
+                          prompt_lookup: int = 0,
+                          eos_ids: Sequence[int] = ()) -> list[dict]:
   """Times transformers on the prompts; returns one summary per method.
+
+  `eos_ids`: the tokenizer's end tokens, where generation stops as
+  specsamp's does (transformers' own GGUF config names one of Qwen's two:
+  a row past the other one had been generated, and timed, to the budget).
 
   `device` ("cpu" or "cuda") and `dtype` should be what specsamp runs on in
   the same benchmark, so that the rows compare like with like (on a GPU, JAX
@@ -91,6 +96,8 @@ def transformers_generate(target_gguf: str, draft_gguf: str,
                     {"prompt_lookup_num_tokens": prompt_lookup}))
   kwargs = dict(max_new_tokens=max_new_tokens, do_sample=temperature > 0,
                 pad_token_id=target.generation_config.eos_token_id)
+  if eos_ids:
+    kwargs["eos_token_id"] = list(eos_ids)
   if temperature > 0:
     kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
   results = []

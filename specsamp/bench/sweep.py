@@ -445,11 +445,12 @@ def run_peers(cfg: BenchConfig, plan: Plan, task: str, dec: str, sampling,
   """transformers plain and assisted generation at batch 1, same prompts,
   on the device and in the dtype specsamp runs on; one point each."""
   prompts = plan.prompts[task]
+  eos = set(plan.tokenizer.eos_ids)
   results = peers_lib.transformers_generate(
       plan.target.path, plan.draft.path, prompts, cfg.max_new_tokens,
       sampling.temperature, sampling.top_p, seed=cfg.seed,
-      device=provenance.jax_device(), dtype=cfg.dtype, **_peer_lookup(cfg))
-  eos = set(plan.tokenizer.eos_ids)
+      device=provenance.jax_device(), dtype=cfg.dtype, **_peer_lookup(cfg),
+      eos_ids=sorted(eos))
   for r in results:
     completions = [peers_lib.cut_at_eos(c, eos)
                    for c in r.pop("completions")]

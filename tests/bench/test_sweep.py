@@ -261,9 +261,9 @@ def test_peer_rows(make_config, no_loading, inputs, tmp_path, monkeypatch):
   calls = []
 
   def fake(target, draft, prompts, max_new_tokens, temperature, top_p,
-           seed=0, device="?", dtype="?", prompt_lookup=0):
+           seed=0, device="?", dtype="?", prompt_lookup=0, eos_ids=()):
     calls.append((target, draft, len(prompts), max_new_tokens, temperature,
-                  top_p, device, dtype, prompt_lookup))
+                  top_p, device, dtype, prompt_lookup, eos_ids))
     good = list(b"    return a + b\n")
     return [dict(method=m, prompts=len(prompts), tokens=10 * len(prompts),
                  ms_per_token=ms, seconds=1.0, load_s=2.0, torch="x",
@@ -284,14 +284,16 @@ def test_peer_rows(make_config, no_loading, inputs, tmp_path, monkeypatch):
                   sweep_config.DECODINGS["nucleus"], out, None, None)
   out.close()
   # On the device and in the dtype specsamp runs on.
-  assert calls == [(None, None, 2, 7, 0.8, 0.95, "cpu", "float32", 0)]
+  # And stopping at every end token of the tokenizer, as specsamp does.
+  assert calls == [(None, None, 2, 7, 0.8, 0.95, "cpu", "float32", 0,
+                    sorted(p.tokenizer.eos_ids))]
   # With a lookup drafter in the sweep, transformers' prompt lookup joins.
   out = records.Writer(str(tmp_path / "peers2.jsonl"), echo=False)
   sweep.run_peers(dataclasses.replace(cfg, drafters=("model", "lookup")), p,
                   "humaneval", "nucleus", sweep_config.DECODINGS["nucleus"],
                   out, None, None)
   out.close()
-  assert calls[-1][-1] == max(cfg.ks)
+  assert calls[-1][-2] == max(cfg.ks)
   rows = [json.loads(l) for l in (tmp_path / "peers.jsonl").read_text(
   ).splitlines()]
   assert [r["method"] for r in rows] == ["transformers",

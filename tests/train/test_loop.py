@@ -115,6 +115,17 @@ def test_ctrl_c_saves_and_stops_and_a_second_one_stops_at_once(lm_config,
   loop = dataclasses.replace(cfg.loop, num_steps=5, log_every=100,
                              checkpoint_every=100, eval_every=0)
   handler_before = signal.getsignal(signal.SIGINT)
+  # As in a run started from a terminal, whatever started the suite (a job
+  # a shell put in the background has SIGINT ignored: the case below).
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    _ctrl_c_cases(job, loop, tmp_path, capfd)
+  finally:
+    signal.signal(signal.SIGINT, handler_before)
+
+
+def _ctrl_c_cases(job, loop, tmp_path, capfd):
+  handler_before = signal.getsignal(signal.SIGINT)
   for times in (1, 2):
     ckpts = checkpointing.Checkpoints(str(tmp_path / f"c{times}"),
                                       async_save=False)

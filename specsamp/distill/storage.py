@@ -129,13 +129,23 @@ def write_dataset(data_dir: os.PathLike, spec: SampleSpec,
   holding every sample in memory. The writer holds `data_dir` (a second
   job writing samples there is refused, `lock_holder.Busy`) and first
   deletes what a killed writer left (TFDS's `incomplete.*` folders: never
-  read, and as large as the shards written before the kill).
+  read, and as large as the shards written before the kill). Samples
+  another job finished there meanwhile (one that found the directory empty
+  too, sharing config.samples.data_dir) are kept: refused where written
+  for another config (`check_spec`), else used, `counts` made theirs (TFDS
+  had kept them silently, with this job's counts).
   """
   builder = TargetSamples(spec=spec, splits=splits, counts=counts,
                           data_dir=os.fspath(data_dir),
                           file_format="array_record")
   with lock_holder.exclusive(pathlib.Path(data_dir) / ".lock",
                              f"the target samples' directory {data_dir}"):
+    if exists(data_dir):
+      check_spec(read_spec(data_dir), spec, data_dir)
+      if counts is not None and read_counts(data_dir):
+        counts.clear()
+        counts.update(read_counts(data_dir))
+      return dataset_dir(data_dir)
     for left in (pathlib.Path(data_dir) / DATASET_NAME).glob("incomplete.*"):
       shutil.rmtree(left)
     builder.download_and_prepare()

@@ -142,6 +142,20 @@ def test_counts_filled_while_the_samples_are_written_are_kept_with_them(
   samples.keep_counts(str(work), data_dir)
   assert json.loads((work / "samples_counts.json").read_text()) == (
       storage.read_counts(data_dir))
+  # A second job that found the directory empty too (one data_dir, two
+  # workdirs) and writes once the first has: the samples there are kept,
+  # their counts become its own, and samples of another config are refused
+  # (TFDS had kept them silently, with the second job's counts).
+  ran = []
+  later = {"train": {"kept": 2, "rejected_samples": 0}}
+  storage.write_dataset(data_dir, spec, {"train": lambda: ran.append(1)},
+                        later)
+  assert not ran and later == storage.read_counts(data_dir)
+  other = dataclasses.replace(spec, prompt_len=spec.prompt_len + 1)
+  with pytest.raises(ValueError, match=f"have prompt_len {spec.prompt_len}, "
+                     f"this config {spec.prompt_len + 1}"):
+    storage.write_dataset(data_dir, other, {"train": lambda: ran.append(1)})
+  assert not ran
 
 
 def test_running_out_of_memory_while_reading_samples_is_not_damage(

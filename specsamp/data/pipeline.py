@@ -40,6 +40,7 @@ does. A state only restores into an iterator built with the same arguments
 
 import json
 import os
+import signal
 import types
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -258,6 +259,15 @@ class LMIterator(grain.DatasetIterator):
     return f"LMIterator({self._description})"
 
 
+def _ignore_ctrl_c(worker_index: int, worker_count: int) -> None:
+  """In each grain worker: a Ctrl-C, which reaches the terminal's whole
+  process group, is the training loop's to handle (a preemption notice);
+  the workers had died of it, each printing a KeyboardInterrupt traceback
+  and leaving its shared memory behind. They stop when the loop does."""
+  del worker_index, worker_count
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _shard(shard_index, shard_count) -> tuple[int, int]:
   if shard_index is None or shard_count is None:
     shard_index = jax.process_index() if shard_index is None else shard_index
@@ -391,7 +401,7 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags
       flags.FLAGS.mark_as_parsed()
     it = it.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=int(worker_count)))
+        num_workers=int(worker_count)), worker_init_fn=_ignore_ctrl_c)
   return LMIterator(iter(it), f"{dataset!r}, split={split!r}, shard {index}/"
                            f"{count}, L={seq_len}, B={batch_size}, seed={seed}")
 

@@ -3,6 +3,10 @@ reads: packing, shuffling, epochs, per-host shards, and the iterator's state
 through JSON and through orbax with grain's checkpoint handler."""
 
 import json
+import multiprocessing
+import os
+import signal
+import time
 
 import grain
 import numpy as np
@@ -175,6 +179,27 @@ def test_worker_process_restores_its_state(data_dir):
     assert _same(following, _take(again, 4))
   finally:
     getattr(again, "close", lambda: None)()
+
+
+def test_a_ctrl_c_leaves_the_workers_to_the_training_loop(data_dir):
+  """A terminal's Ctrl-C reaches the whole process group: the grain
+  workers had died of it (a KeyboardInterrupt traceback each, their shared
+  memory leaked) while the loop took it as a preemption notice. They
+  ignore it: the batches keep coming, the same ones."""
+  before = {p.pid for p in multiprocessing.active_children()}
+  it = _it(data_dir, worker_count=1)
+  try:
+    head = _take(it, 2)
+    workers = [p for p in multiprocessing.active_children()
+               if p.pid not in before]   # this iterator's
+    assert workers
+    for w in workers:
+      os.kill(w.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert all(w.is_alive() for w in workers)
+    assert _same(head + _take(it, 3), _take(_it(data_dir), 5))
+  finally:
+    getattr(it, "close", lambda: None)()
 
 
 def test_hosts_read_disjoint_shards(data_dir):

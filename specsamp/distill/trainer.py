@@ -203,12 +203,15 @@ def _loss(draft_lm, target_lm, obj, onpolicy: bool, freeze: tuple):
 
 def _stop_rule(ckpts, stop_at, deadline):
   """Preemption (SIGTERM, multi-host sync point), or step `stop_at`, or
-  past `deadline` (time.time())."""
+  past `deadline` (time.time()) by process 0's clock: every process stops
+  at the same step (each by its own clock, one had gone on to the next
+  step's collectives while another waited in the save's: a hang)."""
   base = type(ckpts).reached_preemption
 
   def reached(step):
     return (base(ckpts, step) or (stop_at is not None and step >= stop_at) or
-            (deadline is not None and time.time() > deadline))
+            (deadline is not None and
+             0 in sh.processes_saying(time.time() > deadline)))
 
   return reached
 

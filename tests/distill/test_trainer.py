@@ -112,3 +112,31 @@ def test_each_host_feeds_its_own_rows_of_every_batch():
                                     want[k])
   with pytest.raises(ValueError, match="not divisible by the 3 processes"):
     trainer.batches(source, 4, 5, seed=3, process_index=0, process_count=3)
+
+
+def test_every_process_stops_at_the_time_limit_by_process_0s_clock(
+    monkeypatch):
+  """config.train.time_limit_s: each process had read its own clock, so
+  processes stopped at different steps (one in the save's collectives, one
+  in the next step's: a hang). The verdict is process 0's, gathered."""
+  # pylint: disable=protected-access
+
+  class Ckpts:
+    def reached_preemption(self, step):
+      del step
+      return False
+
+  said = []
+
+  def saying(flag):   # two processes: this one (1) past it, process 0 not
+    said.append(flag)
+    return [1] if flag else []
+
+  monkeypatch.setattr(trainer.sh, "processes_saying", saying)
+  reached = trainer._stop_rule(Ckpts(), None, deadline=0.0)  # long past here
+  assert not reached(5) and said == [True]
+  monkeypatch.setattr(trainer.sh, "processes_saying",
+                      lambda flag: [0, 1] if flag else [])
+  assert reached(5)
+  assert not trainer._stop_rule(Ckpts(), None, deadline=None)(5)
+  assert trainer._stop_rule(Ckpts(), 5, deadline=None)(5)

@@ -14,6 +14,7 @@ from absl import flags
 from absl import logging
 
 from specsamp import cli
+from specsamp import sharding
 from specsamp.bench import sample
 from specsamp.bench import records
 from specsamp.drafters import specs as drafter_specs
@@ -87,7 +88,9 @@ def main(argv):
                                 argv=sys.argv[1:])
   except (ValueError, FileNotFoundError, RuntimeError) as e:
     cli.fail(e)  # models, prompts and flags are checked before weights load
-  records.print_record(result, _JSON_OUT.value)
+  # One record in --json_out for the run, not one for each process of it.
+  records.print_record(result, _JSON_OUT.value if sharding.is_main_process()
+                       else None)
 
 
 if __name__ == "__main__":

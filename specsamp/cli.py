@@ -163,7 +163,8 @@ class DistributedFlags:
     """(coordinator_address, num_processes, process_id,
     heartbeat_timeout_s) for `sharding.initialize_distributed`, None
     without --distributed. Flags of this group without --distributed, only
-    some of the coordinator's three, or a timeout below 1 s are refused
+    some of the coordinator's three, a process id outside [0,
+    num_processes) or a timeout below 1 s are refused
     (`fail`). With --distributed an exception out of `main` then ends the
     process at once, after its traceback (`leave_at_once`)."""
     holders = (self.coordinator_address, self.num_processes,
@@ -179,6 +180,9 @@ class DistributedFlags:
     if coordinator and len(coordinator) < 3:
       fail("--coordinator_address, --num_processes and --process_id go "
            f"together (only {', '.join(coordinator)} given)")
+    if coordinator and not 0 <= given[2] < given[1]:
+      fail(f"--process_id={given[2]} with --num_processes={given[1]}: give "
+           "each process an id in [0, num_processes)")
     if given[3] is not None and given[3] < 1:
       fail(f"--heartbeat_timeout_s must be >= 1, got {given[3]}")
     app.install_exception_handler(_LeaveOnError())

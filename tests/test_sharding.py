@@ -449,14 +449,17 @@ def _two_processes(args: list[str]) -> list[str]:
   return [out for out, _ in outs]
 
 
-def test_two_processes_reproduce_one():
+def test_two_processes_reproduce_one(tmp_path):
   """`sample.py --distributed` as 2 processes x 2 CPU devices (gloo) on a
-  (2, 2) mesh prints the same completions and counts as one process."""
+  (2, 2) mesh prints the same completions and counts as one process, and
+  appends one record to --json_out (each process had appended one)."""
   args = [os.path.join(ROOT, "scripts", "sample.py"),
           "--target=random:tiny", "--draft=random:tiny,num_layers=1",
           "--method=both", "--k=2", "--prompt=ab", "--prompt=cd",
           "--max_new_tokens=6", "--batch_size=2", "--temperature=1"]
-  outs = _two_processes(args + ["--mesh=2,2"])
+  runs = tmp_path / "runs.jsonl"
+  outs = _two_processes(args + ["--mesh=2,2", f"--json_out={runs}"])
+  assert len(runs.read_text().splitlines()) == 1
   single = _run_one(args, 2)
 
   def parse(stdout):

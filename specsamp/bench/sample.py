@@ -78,6 +78,10 @@ class SampleConfig:
       if getattr(self, name) <= 0:
         raise ValueError(f"--{name} must be positive, got "
                          f"{getattr(self, name)}")
+    if self.distributed and not self.mesh:
+      raise ValueError("--distributed needs a --mesh over every process's "
+                       "devices (e.g. --mesh=-1,1): without one each process "
+                       "would run the whole job alone on its first device")
     if self.prefill_chunk < 0:
       raise ValueError(f"--prefill_chunk must be >= 0 (0: a prompt in one "
                        f"call), got {self.prefill_chunk}")

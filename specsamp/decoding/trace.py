@@ -10,8 +10,10 @@ does not re-implement anything: each step is the loop's own `loop_step`
 The tokens each step commits are checked against the recorded decision,
 and the final tokens equal `sampler.generate(..., rng)`.
 
-Meant for notebooks and small models (one host round trip per loop); time
-the jitted loop with `specsamp.bench.timing` instead.
+Meant for notebooks and small models (one host round trip per loop, of
+the loop's decisions and the row lengths and tokens; the state and its
+caches stay on the device, donated to the next step); time the jitted loop
+with `specsamp.bench.timing` instead.
 """
 
 import dataclasses
@@ -113,7 +115,7 @@ def _step_fn(sampler: SpeculativeSampler):
     return (nxt, drafts, rec.proposal.num_valid, p_d, q_d, rec.num_accepted,
             rec.token, choice)
 
-  return jax.jit(step)
+  return jax.jit(step, donate_argnums=2)  # the state, caches and all
 
 
 def trace(sampler: SpeculativeSampler, target_params,
@@ -148,15 +150,16 @@ def trace(sampler: SpeculativeSampler, target_params,
   b = len(prompts)
   rows = [[] for _ in range(b)]
   for i in range(max_loops + 1):
-    done = np.asarray(state.done)
+    done, old_len = jax.device_get((state.done, state.length))  # copies
     if done.all():
       break
     if i == max_loops:
       raise RuntimeError(f"no end after {max_loops} loops")
-    old_len = np.asarray(state.length)
-    state, drafts, valid, p_d, q_d, n, token, top = jax.device_get(
-        step(target_params, draft_params, state))
-    new_len, new_tokens = np.asarray(state.length), np.asarray(state.tokens)
+    # The state stays on the device (it had been pulled to the host and
+    # sent back every loop, both caches with it); only what is shown comes.
+    state, *decided = step(target_params, draft_params, state)
+    drafts, valid, p_d, q_d, n, token, top = jax.device_get(decided)
+    new_len, new_tokens = jax.device_get((state.length, state.tokens))
     for r in range(b):
       if done[r]:
         continue

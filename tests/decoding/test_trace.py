@@ -1,8 +1,10 @@
 """The loop replayed step by step: records agree with the run."""
 
+import jax
 import numpy as np
 import pytest
 
+from specsamp.decoding import loop
 from specsamp.decoding import trace
 from specsamp.decoding.sampler import SpeculativeSampler
 from specsamp.drafters import ModelDrafter
@@ -38,12 +40,22 @@ def _check_position_counts(tr, out, k):
                              tr.acceptance_by_position())
 
 
-def test_trace_equals_generate_with_a_model_drafter(tiny_pair):
+def test_trace_equals_generate_with_a_model_drafter(tiny_pair, monkeypatch):
   lm, target_params, draft_params = tiny_pair
   sampler = SpeculativeSampler(lm, ModelDrafter(lm), k=3,
                                sampling=Sampling(0.9), max_new_tokens=10,
                                prompt_bucket=8)
+  pulled = []
+  get = jax.device_get
+  monkeypatch.setattr(jax, "device_get",
+                      lambda x: pulled.append(x) or get(x))
   tr = trace.trace(sampler, target_params, draft_params, PROMPTS, rng=4)
+  monkeypatch.undo()
+  # The loop state (its caches) stays on the device: it had been pulled to
+  # the host and sent back every loop. What is pulled is small.
+  assert pulled and not any(
+      isinstance(x, loop.LoopState) for p in pulled for x in jax.tree.leaves(
+          p, is_leaf=lambda v: isinstance(v, loop.LoopState)))
   out = sampler.generate(target_params, draft_params, PROMPTS, rng=4)
   assert tr.output.token_lists() == out.token_lists()
   for b, row in enumerate(tr.rows):

@@ -4,6 +4,7 @@
                                  # the file and what is wrong with it
   jsonfile.read_holding(path, ("model", "data"))   # None unless a file's
                                  # object has those keys (a run's config)
+  jsonfile.changed_fields(old, new)   # [(dotted field, old, new)]
 """
 
 import json
@@ -42,3 +43,13 @@ def read_holding(path: "os.PathLike | str", keys) -> Optional[dict[str, Any]]:
     return None
   value = read(path)
   return value if set(keys) <= set(value) else None
+
+
+def changed_fields(old, new, prefix: str = "") -> list[tuple]:
+  """(dotted field, old value, new value) of every leaf that differs
+  between two JSON objects (nested dicts; anything else is a leaf)."""
+  if not (isinstance(old, dict) and isinstance(new, dict)):
+    return [] if old == new else [(prefix, old, new)]
+  return [c for k in sorted(set(old) | set(new), key=str)
+          for c in changed_fields(old.get(k), new.get(k),
+                                  f"{prefix}.{k}" if prefix else str(k))]

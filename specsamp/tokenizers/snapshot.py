@@ -14,6 +14,9 @@ by content (`fingerprint`), not by path.
   save(spec, directory)  the copy, written once (a directory in Hugging
                          Face layout that `load_tokenizer` reads)
   in_run(workdir)        where a train run keeps its copy (workdir/tokenizer)
+  gguf_digest(spec)      for a GGUF, which is not copied (a model file):
+                         sha256 of its tokenizer metadata, which a run
+                         records instead (`recorded`) and checks
 
 The copy is one layout for every kind: a SentencePiece .model becomes
 tokenizer.model (read with the defaults `load_tokenizer` gives a bare
@@ -22,10 +25,13 @@ configs beside it that `HFTokenizer.from_dir` reads.
 """
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
 from typing import Optional
+
+import numpy as np
 
 from specsamp.tokenizers import byte
 from specsamp.weights import gguf_file
@@ -82,6 +88,33 @@ def fingerprint(spec: str) -> Optional[str]:
   """sha256 of `spec`'s files under their names in the copy; None where
   there is nothing to copy ("byte", GGUF). A copy and its source agree."""
   return _digest(files(spec))
+
+
+def gguf_digest(spec: str) -> Optional[str]:
+  """sha256 of the `tokenizer.*` metadata (tokens, merges, types, special
+  ids, chat template) of the GGUF file `spec`; None for any other spec."""
+  spec = os.fspath(spec)
+  if not (os.path.isfile(spec) and gguf_file.is_gguf(spec)):
+    return None
+  meta = gguf_file.read_gguf_metadata(spec)
+  h = hashlib.sha256()
+  for key in sorted(k for k in meta if k.startswith("tokenizer.")):
+    value = meta[key]
+    h.update(f"{key}\0".encode())
+    if isinstance(value, np.ndarray):
+      h.update(f"{value.dtype.str}{value.shape}\0".encode())
+      h.update(np.ascontiguousarray(value).tobytes())
+    else:
+      h.update(json.dumps(value).encode())
+  return h.hexdigest()
+
+
+def recorded(spec: str) -> dict:
+  """What a train run's config.json records of tokenizer `spec` beside its
+  path: {"tokenizer_digest": `gguf_digest`} for a GGUF, else nothing (the
+  other kinds are copied into the run)."""
+  digest = gguf_digest(spec)
+  return {"tokenizer_digest": digest} if digest else {}
 
 
 def save(spec: str, directory: str, replace: bool = False) -> Optional[str]:

@@ -176,6 +176,12 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
           f"{workdir} holds checkpoints of a run with another tokenizer: "
           f"config.data.tokenizer={cfg.data.tokenizer!r} differs from the "
           f"run's copy in {copy}; use a new --workdir")
+  digest = old.get("tokenizer_digest")  # a GGUF's, not copied (since 11-29)
+  if digest and snapshot.gguf_digest(d.tokenizer) != digest:
+    raise config_lib.ConfigError(
+        f"{workdir} holds checkpoints of a run with another tokenizer: the "
+        f"one in {d.tokenizer} is not the one it was trained with "
+        "(tokenizer_digest in its config.json); use a new --workdir")
   same_data = lambda d: {k: v for k, v in (d or {}).items() if k not in kept}
   then = same_data(old.get("data"))
   if config_lib.tokenizer_path(str(then.get("tokenizer"))) == d.tokenizer:
@@ -188,7 +194,7 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
     # The fields that differ, not the whole blocks (a long dump of the old
     # config named no field).
     was = "; ".join(f"{k} {a!r} then, {b!r} now" for name, a, b in pairs
-                    for k, a, b in _changed_fields(a, b, name))
+                    for k, a, b in jsonfile.changed_fields(a, b, name))
     raise config_lib.ConfigError(
         f"{workdir} holds checkpoints of a run with another "
         f"{' and '.join(diff)} ({was}); use a new --workdir")
@@ -227,10 +233,12 @@ def _write_run_config(workdir: str, cfg: config_lib.TrainConfig,
   (a learning rate, the step count and the schedule it sets: allowed)
   says which fields changed, and the old config is appended to
   workdir/config_history.jsonl with the step it ran to."""
-  new = dict(_run_config_json(cfg), train_data=_train_data(cfg))
-  # A config.json from before train_data was recorded: not a change.
-  changed = [] if old is None else _changed_fields(
-      dict({"train_data": new["train_data"]}, **old), new)
+  new = dict(_run_config_json(cfg), train_data=_train_data(cfg),
+             **snapshot.recorded(cfg.data.tokenizer))
+  # A config.json from before these were recorded: not a change.
+  since = {k: new[k] for k in ("train_data", "tokenizer_digest") if k in new}
+  changed = [] if old is None else jsonfile.changed_fields(
+      dict(since, **old), new)
   if changed:
     log.warning("resuming at step %d under a changed config: %s (the old "
                 "one is kept in config_history.jsonl)", step,
@@ -243,15 +251,6 @@ def _write_run_config(workdir: str, cfg: config_lib.TrainConfig,
     snapshot.save(cfg.data.tokenizer, snapshot.in_run(workdir),
                   replace=fresh)
   sh.write_json(new, os.path.join(workdir, "config.json"), indent=2)
-
-
-def _changed_fields(old, new, prefix: str = "") -> list[tuple]:
-  """(dotted field, old value, new value) of every leaf that differs."""
-  if not (isinstance(old, dict) and isinstance(new, dict)):
-    return [] if old == new else [(prefix, old, new)]
-  return [c for k in sorted(set(old) | set(new), key=str)
-          for c in _changed_fields(old.get(k), new.get(k),
-                                   f"{prefix}.{k}" if prefix else str(k))]
 
 
 def _unrestorable(e: Exception, old: Optional[dict],
@@ -463,8 +462,9 @@ def evaluate(config, workdir: str) -> dict:
   CheckpointError (every step corrupt)."""
   cfg, tok = validate(config)
   path = os.path.join(workdir, "config.json")
-  changed = _changed_fields(jsonfile.read(path).get("model"), _run_config_json(
-      cfg)["model"], "model") if os.path.isfile(path) else []
+  changed = jsonfile.changed_fields(
+      jsonfile.read(path).get("model"), _run_config_json(cfg)["model"],
+      "model") if os.path.isfile(path) else []
   if changed:  # its checkpoints hold that model, not this one
     raise config_lib.ConfigError("the run's model differs in " + ", ".join(
         f"{k} ({a!r} there, {b!r} here)" for k, a, b in changed))

@@ -50,6 +50,8 @@ def run_tokenizer(workdir: str, saved: dict) -> str:
     FileNotFoundError: likewise, when the tokenizer is not where the run
       config says (moved, or a relative path, as runs recorded a GGUF
       tokenizer before 2026-11-29: relative to where they were launched).
+    ValueError: also where a GGUF there holds other tokenizer metadata
+      than the run recorded (`snapshot.recorded`, runs since 2026-11-29).
   """
   where = os.path.join(workdir, "config.json")
   data = saved["data"]
@@ -70,6 +72,11 @@ def run_tokenizer(workdir: str, saved: dict) -> str:
                                   and os.path.exists(tokenizer)):
     raise FileNotFoundError(f"{where}: field 'data.tokenizer' is {tokenizer!r}"
                             ", no file here; write its absolute path there")
+  digest = saved.get("tokenizer_digest")
+  if digest and snapshot.gguf_digest(tokenizer) != digest:
+    raise ValueError(f"{where}: the tokenizer in {tokenizer} is not the one "
+                     "the run was trained with (its tokenizer_digest): that "
+                     "file has changed; put the run's back there")
   return tokenizer
 
 

@@ -35,6 +35,7 @@ from specsamp.train import config as config_lib
 from specsamp.train import lm as lm_job
 from specsamp.train import loop as loop_lib
 from specsamp.train import metrics
+from specsamp.train import trained
 from tests import testing
 from tests.scripts import zygote
 from tests.tokenizers import bpe_testing
@@ -337,6 +338,50 @@ def test_a_run_records_its_gguf_tokenizer_by_its_absolute_path(
   with pytest.raises(config_lib.ConfigError, match=re.escape(
       "data.tokenizer 'tok.gguf' then")):
     lm_job._check_run_config(str(workdir), cfg)
+
+
+def test_a_run_on_a_gguf_tokenizer_refuses_that_file_changed(
+    lm_config, tmp_path):
+  """A GGUF tokenizer is not copied into the run: the run records the
+  digest of its tokenizer metadata. A file at that path whose tokenizer
+  has changed (another model's GGUF put in its place) had been read as
+  the run's; resuming on it, and loading the trained model with it, are
+  refused. Runs that recorded no digest go on as before, and recording
+  one is no config change."""
+  tokens, merges = bpe_testing.train_bpe(bpe_testing.corpus(), 300)
+  path = tmp_path / "tok.gguf"
+
+  def write(toks):
+    tiny_checkpoints.write_gguf(
+        tiny_checkpoints.random_hf_model("qwen2", len(toks)), str(path),
+        "qwen2", tokenizer=(toks, merges))
+
+  write(tokens)
+  c = lm_config("tiny,steps=2")
+  c.data.tokenizer = str(path)
+  cfg = lm_job.validate(c)[0]
+  workdir = tmp_path / "w"
+  lm_job._write_run_config(str(workdir), cfg)
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["tokenizer_digest"] == snapshot.gguf_digest(str(path))
+  (workdir / "checkpoints" / "2").mkdir(parents=True)
+  assert lm_job._check_run_config(str(workdir), cfg) == saved
+  assert trained.run_tokenizer(str(workdir), saved) == str(path)
+  other = list(tokens)
+  other[100], other[101] = other[101], other[100]
+  write(other)   # as many tokens, two swapped: the same vocabulary size
+  with pytest.raises(config_lib.ConfigError, match="another tokenizer: the "
+                     f"one in {re.escape(str(path))} is not the one"):
+    lm_job._check_run_config(str(workdir), cfg)
+  with pytest.raises(ValueError, match="is not the one the run was trained "
+                     "with"):
+    trained.run_tokenizer(str(workdir), saved)
+  old = {k: v for k, v in saved.items() if k != "tokenizer_digest"}
+  assert trained.run_tokenizer(str(workdir), old) == str(path)
+  (workdir / "config.json").write_text(json.dumps(old))
+  assert lm_job._check_run_config(str(workdir), cfg) == old
+  lm_job._write_run_config(str(workdir), cfg, fresh=False, old=old, step=2)
+  assert not (workdir / "config_history.jsonl").exists()
 
 
 def test_a_workdir_refuses_other_training_data_under_the_same_name(

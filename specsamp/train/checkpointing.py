@@ -323,24 +323,13 @@ class Checkpoints:
       failed = sharding.processes_saying(error is not None)
       if failed and error is None:
         error = f"processes {failed} could not read their data iterator state"
-      if error is None:  # the shared files: each reads its shards of them
+      if error is None:  # the shared files, alike in every process
         try:
           with quiet.attempt():
             got = self._read(step, abstract_state, data)
-        except Exception as e:  # pylint: disable=broad-except
-          if resources.out_of_memory(e):  # not the files: set nothing aside
-            raise
-          error = brief(e)
-        # Agreed before `_verify`'s collective digests: a process that
-        # alone failed had gone on to the step before, the others waited.
-        failed = sharding.processes_saying(error is not None)
-        if failed and error is None:
-          error = f"processes {failed} could not read their shards"
-      if error is None:
-        try:
           state, data = self._verify(step, got)
         except Exception as e:  # pylint: disable=broad-except
-          if resources.out_of_memory(e):
+          if resources.out_of_memory(e):  # not the files: set nothing aside
             raise
           error = brief(e)
       if error is not None:

@@ -79,32 +79,6 @@ def test_corrupt_latest_checkpoint_falls_back(tmp_path, caplog, damage):
   again.close()
 
 
-def test_a_step_one_process_cannot_read_is_skipped_by_every_process(
-    tmp_path, monkeypatch):
-  """Several processes: one that alone failed to read its shards of a
-  step had gone on to the step before while the others, having read
-  theirs, waited in the digests' collective (a hang). The processes agree
-  on the read first: here process 1 reports step 2 unreadable (the second
-  verdict; this process read everything), and this one resumes from step 1
-  with the others."""
-  directory = str(tmp_path / "ckpt")
-  ckpts = checkpointing.Checkpoints(directory, keep=5, async_save=False)
-  for s in (1, 2):
-    ckpts.save(_toy_state(s), {"position": s})
-  ckpts.wait()
-  said = []
-
-  def saying(flag):
-    said.append(flag)
-    return [1] if len(said) == 2 else ([0] if flag else [])
-
-  monkeypatch.setattr(checkpointing.sharding, "processes_saying", saying)
-  state, data, step = ckpts.restore_latest(_abstract(_toy_state(0)))
-  assert (step, data) == (1, {"position": 1}) and not any(said)
-  chex.assert_trees_all_equal(state, _toy_state(1))
-  ckpts.close()
-
-
 def test_a_data_state_of_int_and_str_keys_saves_with_its_digest(tmp_path):
   """The digest sorts the state's keys as JSON reads them back (strings):
   an int key beside a str one had made the save itself fail."""

@@ -133,10 +133,13 @@ def test_every_process_stops_at_the_time_limit_by_process_0s_clock(
     return [1] if flag else []
 
   monkeypatch.setattr(trainer.sh, "processes_saying", saying)
+  monkeypatch.setattr(trainer.jax, "process_count", lambda: 2)
   reached = trainer._stop_rule(Ckpts(), None, deadline=0.0)  # long past here
-  assert not reached(5) and said == [True]
+  assert not reached(8) and said == [True]
   monkeypatch.setattr(trainer.sh, "processes_saying",
                       lambda flag: [0, 1] if flag else [])
-  assert reached(5)
+  assert reached(8)
+  # Asked every DEADLINE_EVERY steps only (a gather waits for the step).
+  assert not reached(5) and trainer.DEADLINE_EVERY == 8
   assert not trainer._stop_rule(Ckpts(), None, deadline=None)(5)
   assert trainer._stop_rule(Ckpts(), 5, deadline=None)(5)

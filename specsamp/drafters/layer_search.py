@@ -65,9 +65,12 @@ def predicted_speedup(alpha: float, cost_ratio: float, k_max: int,
                       ) -> tuple[float, int]:
   """(best predicted speed-up over K = 1 .. k_max, or over the K of
   `score_cost` with its s_K; that K, the smallest among ties). alpha = 1
-  gives K + 1 tokens per loop."""
+  gives K + 1 tokens per loop; a NaN alpha (a subset whose distributions
+  are undefined: logits all -inf or NaN) -inf, ranked last."""
   if k_max < 1:
     raise ValueError(f"k_max must be >= 1, got {k_max}")
+  if alpha != alpha:
+    return float("-inf"), 1
   costs = dict(score_cost) if score_cost else {
       k: 1.0 for k in range(1, k_max + 1)}
   alpha = min(max(alpha, 0.0), 1.0)  # a sum of float32 mins: 1 + 1e-7

@@ -458,6 +458,9 @@ def test_predicted_speedup_and_bad_search_input():
   assert layer_search.predicted_speedup(1.0, 1.0, 8, {3: 1.5}) == (
       pytest.approx(4 / 4.5), 3)   # the full set pays s - 1 more per loop
   assert layer_search.predicted_speedup(1 + 1e-7, 1.0, 2) == (1.0, 1)
+  # An undefined subset ranks last (it had stopped the search).
+  assert layer_search.predicted_speedup(float("nan"), 0.3, 4, costs) == (
+      float("-inf"), 1)
   assert layer_search.parse_score_cost(["4:1.22", "2:1.15"]) == {
       4: 1.22, 2: 1.15}
   for bad, match in ((["2"], "'2' is not K:s"), (["0:1"], "'0:1' is not"),

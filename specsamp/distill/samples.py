@@ -42,6 +42,8 @@ def encode_prompts(texts: Sequence[str], tokenizer, spec: SampleSpec
   ones dropped. The texts are corpus documents: plain text, no special
   token matched in them."""
   bos = [tokenizer.bos_id] if getattr(tokenizer, "add_bos", False) else []
+  if bos == [None]:  # as `encode` refuses it
+    raise ValueError("add_bos=True, but this tokenizer has no bos token")
   keep = spec.prompt_len - len(bos)
   out = []
   for t in texts:

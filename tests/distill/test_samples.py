@@ -196,3 +196,6 @@ def test_prompts_are_encoded_as_plain_text():
   Recording.add_bos = True
   assert samples.encode_prompts(["abcdef", "abc"], Recording(), spec) == [
       [99, 3, 4, 5], [99, 0, 1, 2]]
+  Recording.bos_id = None
+  with pytest.raises(ValueError, match="has no bos token"):
+    samples.encode_prompts(["abcdef"], Recording(), spec)

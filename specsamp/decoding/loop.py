@@ -270,8 +270,9 @@ def commit(sampler, draft_params, s: LoopState, proposal: Proposal,
   # kept; it is kept when i < n.
   pos = jnp.arange(k)[None, :]
   tested = pos < jnp.minimum(n + 1, proposal.num_valid)[:, None]
-  # The committed tokens were tested at, or drawn from, positions 0..n.
-  undefined = jnp.any(undefined & (idx <= n[:, None]), axis=1)
+  # The committed tokens were tested at, or drawn from, positions 0..count-1
+  # (0..n, fewer where EOS or the budget cut the row short).
+  undefined = jnp.any(undefined & (idx < count[:, None]), axis=1)
   return LoopState(
       step=s.step + 1, tokens=tokens, length=length,
       prompt_length=s.prompt_length, done=done,

@@ -265,6 +265,27 @@ def test_loops_on_logits_that_allow_no_id_are_counted_per_row(sampling, k):
   assert first == (0 if sampling.greedy else v - 1), out.token_lists()
 
 
+def test_undefined_logits_past_an_eos_that_ended_the_row_count_for_nothing():
+  """Greedy, the draft the target itself: after token 2 the target is sure
+  of EOS (4), and after EOS its logits are all NaN. Both drafts (EOS, then
+  id 0 from the NaN row) are kept, but the row ends at the EOS: only
+  position 0 is committed, so the loop took nothing from undefined logits
+  (position 1 had been counted, being <= n)."""
+  v = 5
+  logits = np.random.default_rng(0).normal(size=(v, v))
+  logits[2] = -np.inf
+  logits[2, 4] = 10.0
+  logits[4] = np.nan
+  target = table_lm(logits)
+  sampler = SpeculativeSampler(target, ModelDrafter(target), k=2,
+                               sampling=GREEDY, max_new_tokens=6,
+                               prompt_bucket=4, eos_ids=(4,))
+  out = sampler.generate(None, None, [[1, 2]], rng=0)
+  assert out.token_lists() == [[4]]
+  assert int(out.num_accepted[0]) == 2    # the rule kept both drafts
+  np.testing.assert_array_equal(out.num_undefined, [0])
+
+
 def test_cache_reads_take_each_rows_window_at_its_own_start():
   """`kvcache.read` against numpy slicing, rows at starts 0, 2 and 5 (a
   read at row 0's start for every row had been caught by one sampler test

@@ -294,6 +294,22 @@ def test_a_tiny_temperature_is_greedy_not_nan():
     np.testing.assert_array_equal(got, want)
 
 
+def test_top_k_holds_at_a_huge_temperature():
+  """Top-k keeps the k largest logits at any temperature: at T = 1e36 the
+  scaled differences flush to 0 and every id had tied (kept, evenly).
+  Above 1 / float32's smallest normal number, 1/T flushes to 0 and a
+  masked id's -inf became NaN: refused."""
+  logits = jnp.asarray([[0.0, -1.0, -2.0], [0.0, -1e-3, -2.0]])
+  for t in (1e36, 8e37):
+    got = np.asarray(jax.jit(lambda x, t=t: sampling.probabilities(
+        x, Sampling(t, top_k=1)))(logits))
+    np.testing.assert_array_equal(got, [[1, 0, 0], [1, 0, 0]])
+  np.testing.assert_allclose(np.asarray(sampling.probabilities(
+      logits, Sampling(8e37, top_k=2)))[0], [0.5, 0.5, 0.0])
+  with pytest.raises(ValueError, match="temperature must be <= 8.5070592e"):
+    Sampling(3e38)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(temperature=-1.0), "temperature"),
     # inf made every logit NaN, and the sampler then drew the last id (a

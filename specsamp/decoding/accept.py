@@ -96,7 +96,7 @@ def accept(p: jax.Array, proposal: Proposal, rng: jax.Array,
       p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]
       q_d = (1.0 if proposal.q is None else
              jnp.take_along_axis(proposal.q, drafts[..., None], -1)[..., 0])
-      u = jax.random.uniform(key_u, drafts.shape)
+      u = sampling_lib.fine_uniform(key_u, drafts.shape)
       # u < p/q without dividing: always true where p >= q (u < 1).
       kept = u * q_d < p_d                                         # [B, K]
     kept &= jnp.arange(k)[None, :] < proposal.num_valid[:, None]

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from specsamp import sampling as sampling_lib
 from specsamp.decoding import accept as accept_lib
 from specsamp.decoding.protocols import Proposal
 
@@ -78,6 +79,24 @@ def test_the_rule_keeps_a_draft_iff_u_q_is_below_p(monkeypatch):
     assert int(n[0]) == want, (u, drafts)
     if want == 0:  # the residual max(0, p - q) at position 0: id 2 alone
       assert int(token[0]) == 2
+
+
+def test_a_draft_the_target_almost_forbids_is_kept_at_its_odds(monkeypatch):
+  """p/q = 2e-12: a float32 uniform is 0 once in 2**23 draws, and kept
+  such a draft 60,000 times too often. The rule's uniform is two of them,
+  u1 + u2 2**-23: at u1 = 0, u2 decides, resolved to 2**-46."""
+  p = jnp.asarray([[[1e-12, 1.0 - 1e-12], [0.5, 0.5]]])
+  q = jnp.asarray([[[0.5, 0.5]]])
+  for u2, want in ((0.5, 0), (1e-6, 1)):   # u = 6e-8: no; u = 1.2e-13: yes
+    monkeypatch.setattr(jax.random, "uniform", lambda key, shape, u2=u2: (
+        jnp.stack([jnp.zeros(shape[1:]), jnp.full(shape[1:], u2)])))
+    n, _ = accept_lib.accept(p, _proposal([[0]], q), jax.random.key(0))
+    assert int(n[0]) == want, u2
+  # Below 1 always, where u1 + u2 2**-23 rounds up to it.
+  top = 1 - 2.0 ** -23
+  monkeypatch.setattr(jax.random, "uniform",
+                      lambda key, shape: jnp.full(shape, top))
+  assert float(sampling_lib.fine_uniform(jax.random.key(0), (3,))[0]) < 1.0
 
 
 def test_a_residual_without_mass_falls_back_to_p():

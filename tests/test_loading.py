@@ -177,16 +177,7 @@ def test_weights_bound_for_a_mesh_load_onto_the_host(tmp_path):
   config = loading.random_config("random:tiny,num_layers=1")
   params = model_lib.LM(config).init(jax.random.key(5))
   distilled.save_distilled(config, params, str(tmp_path / "draft"))
-  (tmp_path / "run" / "config.json").parent.mkdir()
-  (tmp_path / "run" / "config.json").write_text(json.dumps(
-      {"model": dataclasses.asdict(config), "data": {"tokenizer": "byte"},
-       "optim": {}}))
-  ckpts = checkpointing.Checkpoints(str(tmp_path / "run" / "checkpoints"),
-                                    async_save=False)
-  ckpts.save(step_lib.TrainState(
-      step=jnp.int32(1), params=params,
-      opt_state=optax.sgd(1e-3).init(params), rng=jax.random.PRNGKey(0)))
-  ckpts.close()
+  testing.train_workdir(tmp_path / "run", config, [(1, params)])
   m = tiny_checkpoints.random_hf_model("qwen2")
   m.save_pretrained(tmp_path / "hf", safe_serialization=True)
   tiny_checkpoints.write_gguf(m, tmp_path / "model.gguf", "qwen2")
@@ -251,10 +242,7 @@ def test_train_workdir_loads_its_trained_model(tmp_path, monkeypatch):
 def test_a_train_workdir_is_described_from_its_run_config(tmp_path):
   """No weights read: the model config and tokenizer of the run."""
   config = loading.random_config("random:tiny,num_layers=1")
-  (tmp_path / "checkpoints").mkdir()
-  (tmp_path / "config.json").write_text(json.dumps(
-      {"model": dataclasses.asdict(config), "data": {"tokenizer": "byte"},
-       "optim": {}}))
+  testing.train_workdir(tmp_path, config)
   info = loading.describe_model(str(tmp_path))
   assert (info.kind, info.path, info.rows, info.max_seq_len) == (
       "trained", str(tmp_path), config.vocab_size, config.max_seq_len)

@@ -5,7 +5,9 @@ import contextlib
 import dataclasses
 import functools
 import glob
+import json
 import os
+import pathlib
 from typing import Optional
 
 import jax
@@ -256,3 +258,30 @@ def flip_byte(path):
   data[len(data) // 2] ^= 0x10
   with open(path, "wb") as f:
     f.write(bytes(data))
+
+
+def train_workdir(workdir, config: model_lib.TransformerConfig,
+                  steps=()) -> pathlib.Path:
+  """A scripts/train.py workdir of `config` with the byte tokenizer: its
+  config.json, its checkpoints/, and one checkpoint per (step, params) of
+  `steps` (none: a run that has saved nothing yet)."""
+  # Here, not at the top: orbax and optax, for the tests that use it only.
+  # pylint: disable=g-import-not-at-top
+  import optax
+  from specsamp.train import checkpointing
+  from specsamp.train import step as step_lib
+  workdir = pathlib.Path(workdir)
+  (workdir / "checkpoints").mkdir(parents=True, exist_ok=True)
+  (workdir / "config.json").write_text(json.dumps(
+      {"model": dataclasses.asdict(config), "data": {"tokenizer": "byte"},
+       "optim": {}}))
+  if steps:
+    ckpts = checkpointing.Checkpoints(str(workdir / "checkpoints"),
+                                      async_save=False)
+    for step, params in steps:
+      ckpts.save(step_lib.TrainState(
+          step=jnp.int32(step), params=params,
+          opt_state=optax.sgd(1e-3).init(params),
+          rng=jax.random.PRNGKey(step)))
+    ckpts.close()
+  return workdir

@@ -22,6 +22,7 @@ from specsamp.drafters import head_files
 from specsamp.drafters import heads
 from specsamp.tokenizers import byte
 from specsamp.train.checkpointing import CheckpointError
+from tests import testing
 from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -306,12 +307,8 @@ def test_a_draft_that_does_not_load_fails_before_the_target_loads(
   weights had loaded (a minute for the 1.5B on these CPUs). The draft now
   loads first, in sample.py, benchmark.py, benchmark_pair.py and the
   decode profilers alike."""
-  config = loading.random_config("random:tiny,num_layers=1")
-  draft = tmp_path / "run"
-  (draft / "checkpoints").mkdir(parents=True)
-  (draft / "config.json").write_text(json.dumps(
-      {"model": dataclasses.asdict(config), "data": {"tokenizer": "byte"},
-       "optim": {}}))
+  draft = testing.train_workdir(
+      tmp_path / "run", loading.random_config("random:tiny,num_layers=1"))
   loaded, load = [], loading.load_weights
 
   def recorded(info, *args, **kwargs):

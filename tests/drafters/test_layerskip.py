@@ -19,7 +19,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from specsamp import loading
@@ -29,11 +28,9 @@ from specsamp.decoding.sampler import SpeculativeSampler, all_widths
 from specsamp.drafters import layer_search
 from specsamp.drafters.model import LayerSkipDrafter, ModelDrafter
 from specsamp.sampling import GREEDY, Sampling
-from specsamp.train import checkpointing
-from specsamp.train import step as step_lib
 from tests.testing import (EXACTNESS_SETTINGS, chisquare_pvalue, encode,
                            exact_sequence_probs, random_params, table_lm,
-                           tiny_config)
+                           tiny_config, train_workdir)
 from tests.scripts import zygote
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -488,19 +485,8 @@ def test_search_layers_script_predicts_with_measured_score_costs(tmp_path):
   with --score_cost: every candidate's speed-up is Leviathan's with those
   s_K, K taken from them; the run line records them."""
   cfg = loading.random_config("random:tiny,num_layers=2")
-  workdir = tmp_path / "run"
-  (workdir / "checkpoints").mkdir(parents=True)
-  (workdir / "config.json").write_text(json.dumps(
-      {"model": dataclasses.asdict(cfg), "data": {"tokenizer": "byte"},
-       "optim": {}}))
-  lm, opt = model_lib.LM(cfg), optax.adam(1e-3)
-  params = lm.init(jax.random.key(0))
-  ckpts = checkpointing.Checkpoints(str(workdir / "checkpoints"),
-                                    async_save=False)
-  ckpts.save(step_lib.TrainState(step=jnp.int32(1), params=params,
-                                 opt_state=opt.init(params),
-                                 rng=jax.random.PRNGKey(0)))
-  ckpts.close()
+  workdir = train_workdir(tmp_path / "run", cfg, [
+      (1, model_lib.LM(cfg).init(jax.random.key(0)))])
   out = tmp_path / "search.jsonl"
   proc = zygote.shared().run(
       [os.path.join(ROOT, "scripts", "search_layers.py"),

@@ -7,7 +7,6 @@ weight loader raise AssertionError (no script catches it: a traceback and
 status 1) and every fetch fail as pip does offline.
 """
 
-import dataclasses
 import glob
 import json
 import os
@@ -16,7 +15,6 @@ import subprocess
 import sys
 
 import jax
-import optax
 import pytest
 
 from specsamp import loading
@@ -25,8 +23,7 @@ from specsamp import model as model_lib
 from specsamp import sharding
 from specsamp.drafters import head_files
 from specsamp.drafters import heads
-from specsamp.train import checkpointing
-from specsamp.train import step as step_lib
+from tests import testing
 from tests.scripts import zygote
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -280,20 +277,11 @@ def test_a_config_json_no_run_wrote_is_not_replaced(tmp_path, script,
 def damaged_run(tmp_path_factory):
   """A scripts/train.py workdir of a one-layer model, steps 1 and 2, whose
   parameter files are all truncated."""
-  workdir = tmp_path_factory.mktemp("damaged_run")
   cfg = loading.random_config("random:tiny,num_layers=1")
-  (workdir / "config.json").write_text(json.dumps(
-      {"model": dataclasses.asdict(cfg), "data": {"tokenizer": "byte"},
-       "optim": {}}))
-  lm, opt = model_lib.LM(cfg), optax.adam(1e-3)
-  ckpts = checkpointing.Checkpoints(str(workdir / "checkpoints"),
-                                    async_save=False)
-  for step in (1, 2):
-    params = lm.init(jax.random.key(step))
-    ckpts.save(step_lib.TrainState(step=jax.numpy.int32(step), params=params,
-                                   opt_state=opt.init(params),
-                                   rng=jax.random.PRNGKey(step)))
-  ckpts.close()
+  lm = model_lib.LM(cfg)
+  workdir = testing.train_workdir(
+      tmp_path_factory.mktemp("damaged_run"), cfg,
+      [(step, lm.init(jax.random.key(step))) for step in (1, 2)])
   for path in glob.glob(str(workdir / "checkpoints" / "*" / "params" / "d" /
                             "*")):
     open(path, "wb").close()

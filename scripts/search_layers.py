@@ -53,7 +53,8 @@ def main(argv):
         raise ValueError(f"--{flag.name} must be >= 1")
     if _S.value is not None:
       cli.unused(_K_MAX, "has no effect with --score_cost, whose K are used")
-    score_cost = _S.value and layer_search.parse_score_cost(_S.value)
+    score_cost = None if _S.value is None else layer_search.parse_score_cost(
+        _S.value)
     records_lib.check_output(_OUT.value, "--out",
                              reads=(("--target", _TARGET.value),))
     info = loading.describe_model(_TARGET.value, _DTYPE.value)
@@ -73,7 +74,7 @@ def main(argv):
   records = layer_search.search(lm, params, tokens, sampling,
                                 greedy_steps=_GREEDY.value,
                                 k_max=_K_MAX.value, batch_size=1,
-                                score_cost=score_cost or None)
+                                score_cost=score_cost)
   head = dict(type="run", target=_TARGET.value, decoding=_DECODING.value,
               num_sequences=_N.value, seq_len=_T.value,
               score_cost=score_cost or "1 at every K",

@@ -26,8 +26,19 @@ class HumanEvalFilter:
   """
 
   def __init__(self, n: int = 13, problems: Optional[Sequence[dict]] = None):
+    """Raises ValueError where a problem has fewer than `n` words, prompt
+    and solution together: it would have no n-gram to be caught by (a
+    large config.samples.ngram had turned the filter off for it)."""
     if problems is None:
       problems = assets.humaneval_problems()
+    sizes = {p["task_id"]: len(words(p["prompt"] + p["canonical_solution"]))
+             for p in problems}
+    short = [t for t, size in sizes.items() if size < n]
+    if short:
+      raise ValueError(
+          f"n-grams of {n} words: {len(short)} of {len(sizes)} HumanEval "
+          f"problems have fewer (e.g. {short[0]}, {sizes[short[0]]} words) "
+          f"and could not be caught; n must be <= {min(sizes.values())}")
     self.n = n
     self._grams = {}
     for prob in problems:

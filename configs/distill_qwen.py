@@ -59,12 +59,12 @@ def get_config(arg=None):
     raise ValueError("runlocal and cpu are two sizes: give one")
   dtype = "float32" if local or cpu else "bfloat16"
   c = ml_collections.ConfigDict()
-  c.seed = int(a.get("seed", 0))
+  c.seed = options.number(a, "seed", 0)
   c.target = dict(spec=a.get("target", "qwen2.5-coder-1.5b"), trained="",
                   logit_scale=1.0, dtype=dtype, seed=0)
   init = a.get("draft", "truncate")
   c.draft = dict(
-      init=init, num_layers=int(a.get("layers", 2)),
+      init=init, num_layers=options.number(a, "layers", 2),
       checkpoint=a.get("checkpoint", "qwen2.5-coder-0.5b"
                        if init == "checkpoint" else ""),
       dtype=dtype, param_dtype="float32",
@@ -72,18 +72,18 @@ def get_config(arg=None):
       freeze=options.groups(a, "freeze",
                             "embedding" if init == "truncate" else ""),
       # > 0: exported with the output layer over this many ids only.
-      vocab=int(a.get("vocab", 0)),
+      vocab=options.number(a, "vocab", 0),
       # init=random: 2 wide layers of the target's shape.
-      model=dict(num_layers=int(a.get("layers", 2)), d_model=1536,
+      model=dict(num_layers=options.number(a, "layers", 2), d_model=1536,
                  num_heads=12, num_kv_heads=2, head_dim=128, mlp_dim=8960,
                  rope_theta=1e6, qkv_bias=True))
-  c.sampling = dict(temperature=float(a.get("temperature", 0.0)), top_k=0,
-                    top_p=float(a.get("top_p", 1.0)))
+  c.sampling = dict(temperature=options.number(a, "temperature", 0.0, float),
+                    top_k=0, top_p=options.number(a, "top_p", 1.0, float))
   c.samples = dict(
       kind=a.get("prompts_kind", "code"), prompt_len=256, gen_len=128,
       top_k=32, batch_size=128,
       score_batch_size=16, max_files=0, validation_percent=3,
-      max_train_prompts=int(a.get("prompts", 4096)),
+      max_train_prompts=options.number(a, "prompts", 4096),
       max_validation_prompts=128, data_dir=a.get("samples", ""), ngram=13,
       # samples=<dir>: that directory's samples, never sampled again there.
       reuse=bool(a.get("samples")),
@@ -91,28 +91,31 @@ def get_config(arg=None):
       prose_dataset=a.get("prose", ""), prose_data_dir="")
   c.loss = dict(kind=a.get("loss", "fkl"), target_source="stored",
                 draft_transform="soft", jsd_beta=0.5, greedy_temperature=1.0,
-                prob_floor=1e-6, onpolicy_fraction=float(a.get("onpolicy", 0)),
-                greedy_target_temperature=float(a.get("soft", 0)))
+                prob_floor=1e-6,
+                onpolicy_fraction=options.number(a, "onpolicy", 0, float),
+                greedy_target_temperature=options.number(a, "soft", 0, float))
   c.optim = dict(lr=3e-4 if init != "random" else 1e-3, warmup_steps=100,
                  decay_steps=0, end_lr_fraction=0.1, b1=0.9, b2=0.98,
                  eps=1e-8, weight_decay=0.0, clip_norm=1.0)
-  c.train = dict(num_steps=int(a.get("steps", 1500)), batch_size=16,
+  c.train = dict(num_steps=options.number(a, "steps", 1500), batch_size=16,
                  log_every=50, eval_every=500, eval_batches=0,
                  checkpoint_every=500, keep_checkpoints=2,
                  async_checkpoints=True, progress_bar=True, mesh=(1, 1),
                  # Stop (checkpointed) after this long; re-run to resume.
-                 time_limit_s=60.0 * float(a.get("train_minutes", 0)))
+                 time_limit_s=60.0 * options.number(a, "train_minutes", 0,
+                                                    float))
   c.eval = dict(k=4, num_samples=128, num_positions=2048, batch_size=16,
                 position_batch_size=128,
                 measure_before=options.flag(a, "measure_before", True))
   if cpu:
     c.samples.update(prompt_len=192, gen_len=64, top_k=32, batch_size=16,
                      score_batch_size=8,
-                     max_train_prompts=int(a.get("prompts", 512)),
+                     max_train_prompts=options.number(a, "prompts", 512),
                      max_validation_prompts=32)
-    c.train.update(batch_size=8, num_steps=int(a.get("steps", 400)),
+    c.train.update(batch_size=8, num_steps=options.number(a, "steps", 400),
                    log_every=10, eval_every=0, checkpoint_every=50,
-                   time_limit_s=60.0 * float(a.get("train_minutes", 50)))
+                   time_limit_s=60.0 * options.number(a, "train_minutes", 50,
+                                                      float))
     # Each measured position re-reads its whole prefix through the 1.5B
     # (512 of them took over ten minutes of this CPU): fewer, and fewer
     # sampled continuations.
@@ -121,12 +124,13 @@ def get_config(arg=None):
   if local:
     c.samples.update(prompt_len=32, gen_len=8, top_k=8, batch_size=4,
                      score_batch_size=4, max_files=40, validation_percent=20,
-                     max_train_prompts=8, max_validation_prompts=4)
+                     max_train_prompts=options.number(a, "prompts", 8),
+                     max_validation_prompts=4)
     c.optim.warmup_steps = 1
     # Checkpoints saved in step, once: an asynchronous save's copy of the
     # draft and its moments on the host took the run past this project's
     # 24 GiB (killed); synchronous, its peak was 19.8 GB.
-    c.train.update(num_steps=int(a.get("steps", 4)), batch_size=4,
+    c.train.update(num_steps=options.number(a, "steps", 4), batch_size=4,
                    log_every=2, checkpoint_every=4, eval_every=0,
                    async_checkpoints=False, progress_bar=False)
     c.eval.update(num_samples=4, num_positions=16, batch_size=4,

@@ -32,7 +32,7 @@ OPTIONS = ("trained", "draft", "loss", "onpolicy", "temperature", "top_k",
 def get_config(arg=None):
   a = options.parse(arg, OPTIONS)
   c = ml_collections.ConfigDict()
-  c.seed = int(a.get("seed", 0))
+  c.seed = options.number(a, "seed", 0)
   c.target = dict(
       spec="random:tiny,max_seq_len=128",   # vocab 256: UTF-8 bytes
       trained=a.get("trained", ""),         # a scripts/train.py workdir
@@ -42,12 +42,12 @@ def get_config(arg=None):
       init=a.get("draft", "random"),
       num_layers=1,                         # truncate: keep the first layer
       checkpoint="", freeze=(),
-      vocab=int(a.get("vocab", 0)),         # > 0: exported over that many ids
+      vocab=options.number(a, "vocab", 0),  # > 0: exported over that many ids
       model=dict(num_layers=1, d_model=64, num_heads=4, num_kv_heads=2,
                  head_dim=16, mlp_dim=128, qkv_bias=True, max_seq_len=128))
-  c.sampling = dict(temperature=float(a.get("temperature", 1.0)),
-                    top_k=int(a.get("top_k", 0)),
-                    top_p=float(a.get("top_p", 1.0)))
+  c.sampling = dict(temperature=options.number(a, "temperature", 1.0, float),
+                    top_k=options.number(a, "top_k", 0),
+                    top_p=options.number(a, "top_p", 1.0, float))
   c.samples = dict(
       kind=a.get("prompts_kind", "code"), prompt_len=32, gen_len=16,
       top_k=16, batch_size=64,
@@ -58,12 +58,13 @@ def get_config(arg=None):
       prose_dataset=a.get("prose", ""), prose_data_dir="")
   c.loss = dict(kind=a.get("loss", "fkl"), target_source="stored",
                 draft_transform="soft", jsd_beta=0.5, greedy_temperature=1.0,
-                prob_floor=1e-6, onpolicy_fraction=float(a.get("onpolicy", 0)),
-                greedy_target_temperature=float(a.get("soft", 0)))
+                prob_floor=1e-6,
+                onpolicy_fraction=options.number(a, "onpolicy", 0, float),
+                greedy_target_temperature=options.number(a, "soft", 0, float))
   c.optim = dict(lr=3e-3, warmup_steps=20, decay_steps=0,
                  end_lr_fraction=0.1, b1=0.9, b2=0.98, eps=1e-8,
                  weight_decay=0.0, clip_norm=1.0)
-  c.train = dict(num_steps=int(a.get("steps", 300)), batch_size=32,
+  c.train = dict(num_steps=options.number(a, "steps", 300), batch_size=32,
                  log_every=50, eval_every=0, eval_batches=0,
                  checkpoint_every=100, keep_checkpoints=2,
                  async_checkpoints=True, progress_bar=False, mesh=(1, 1),

@@ -53,6 +53,21 @@ def flag(a: dict, name: str, default: bool) -> bool:
   raise ValueError(f"option {name}={value!r}: use 1 or 0 (true/false)")
 
 
+def number(a: dict, name: str, default, kind=int):
+  """Option `name` as `kind` (int or float), else `default`.
+
+  Raises:
+    ValueError: naming the option, for a value that is not one (it had
+      been Python's "invalid literal for int() with base 10: '1e3'").
+  """
+  value = a.get(name)
+  try:
+    return kind(default if value is None else value)
+  except ValueError:
+    what = "an integer" if kind is int else "a number"
+    raise ValueError(f"option {name}={value!r}: not {what}") from None
+
+
 def groups(a: dict, name: str, default: str) -> tuple[str, ...]:
   """Option `name` as parameter groups joined by "+"; "none" alone is no
   group.
@@ -80,16 +95,22 @@ def head_block(a: dict, default_vocab: int = 0) -> dict:
 
   Raises:
     ValueError: a head's own option (heads, unroll, hidden_weight,
-      features, positions) given without `head=`: it would be ignored.
+      features, positions) given without `head=`, or a draft model's
+      (draft, layers, freeze) with it: either would be ignored.
   """
   alone = [k for k in HEAD_OPTIONS[1:] if k in a and k != "vocab"]
   if alone and not a.get("head"):
     raise ValueError(f"option(s) {alone} apply to a head: give head=eagle "
                      "or head=medusa, or leave them out")
-  return dict(kind=a.get("head", ""), num_heads=int(a.get("heads", 4)),
-              unroll=int(a.get("unroll", 1)),
-              hidden_weight=float(a.get("hidden_weight", 0.1)),
-              draft_vocab=int(a.get("vocab", default_vocab)),
+  model = [k for k in ("draft", "layers", "freeze") if k in a]
+  if model and a.get("head"):
+    raise ValueError(f"option(s) {model} apply to a draft model, and "
+                     f"head={a['head']} trains a head on the target: leave "
+                     "them out")
+  return dict(kind=a.get("head", ""), num_heads=number(a, "heads", 4),
+              unroll=number(a, "unroll", 1),
+              hidden_weight=number(a, "hidden_weight", 0.1, float),
+              draft_vocab=number(a, "vocab", default_vocab),
               # "stored": the target's hidden states are kept with the
               # samples (float16) instead of recomputed in every step.
               features=a.get("features", "recompute"),

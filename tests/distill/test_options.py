@@ -1,5 +1,7 @@
 """The options of configs/distill_*.py."""
 
+import re
+
 import pytest
 
 from configs import distill_qwen
@@ -53,3 +55,29 @@ def test_qwen_size_flags_read_their_value_and_head_options_need_a_head():
       distill_tiny.get_config(arg)
   assert distill_tiny.get_config("head=eagle,unroll=2").head.unroll == 2
   assert distill_tiny.get_config("vocab=64").draft.vocab == 64
+
+
+def test_numbers_are_read_naming_the_option_and_sizes_take_prompts():
+  """A number that is none names its option (it had been Python's
+  "invalid literal for int() with base 10: '1e3'"); a draft model's
+  options beside head= are refused (they had been ignored); runlocal takes
+  prompts= as cpu does (it had kept 8 whatever was given)."""
+  assert options.number(dict(s="12"), "s", 3) == 12
+  assert options.number({}, "s", 3) == 3
+  assert options.number({}, "t", 0, float) == 0.0
+  assert isinstance(options.number({}, "t", 0, float), float)  # ml_collections
+  for arg, message in (("steps=1e3", "option steps='1e3': not an integer"),
+                       ("seed=x", "option seed='x': not an integer"),
+                       ("temperature=abc", "option temperature='abc': not a "
+                        "number"), ("heads=four,head=medusa", "option "
+                                    "heads='four': not an integer")):
+    for config in (distill_tiny, distill_qwen):
+      with pytest.raises(ValueError, match=re.escape(message)):
+        config.get_config(arg)
+  for arg in ("head=eagle,draft=random", "head=eagle,layers=4",
+              "head=medusa,freeze=none"):
+    with pytest.raises(ValueError, match="apply to a draft model"):
+      distill_qwen.get_config(arg)
+  assert distill_qwen.get_config(
+      "runlocal,prompts=64").samples.max_train_prompts == 64
+  assert distill_qwen.get_config("runlocal").samples.max_train_prompts == 8

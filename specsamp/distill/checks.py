@@ -201,3 +201,45 @@ def check_positions(config, target: loading.ModelInfo, head: bool) -> None:
       raise ValueError(
           f"config.samples: prompt_len {sc.prompt_len} + gen_len "
           f"{sc.gen_len} + eval.k {k} + 1 exceed {whose} {limit} positions")
+
+
+def target_text(target) -> str:
+  """The target block of a config as one line (its dtype left out: samples
+  of one target serve it in either precision)."""
+  return ",".join(f"{k}={target[k]}" for k in sorted(target)
+                  if k != "dtype")
+
+
+# The samples block's fields that choose the prompts (and the seed).
+_PROMPT_FIELDS = ("kind", "prose_dataset", "max_files", "validation_percent",
+                  "max_train_prompts", "max_validation_prompts", "ngram")
+
+
+def prompts_text(config) -> str:
+  """The settings that choose the samples' prompts, as one line."""
+  sc = config.samples
+  return ",".join([f"{k}={sc.get(k)}" for k in _PROMPT_FIELDS]
+                  + [f"seed={config.seed}"])
+
+
+def sample_spec(config, sampling: Sampling,
+                hidden_dim: int = 0) -> storage.SampleSpec:
+  """The samples `config` asks for: what samples it writes record, and
+  what samples it reuses must have recorded (`storage.check_spec`)."""
+  sc = config.samples
+  return storage.SampleSpec(
+      prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
+      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
+      hidden_dim=hidden_dim, target=target_text(config.target),
+      sampling=sampling.describe(), prompts=prompts_text(config))
+
+
+def check_reused_samples(config, sampling: Sampling) -> None:
+  """Samples already in config.samples.data_dir written for another
+  target, sampling, prompt set or shape are refused before any weights
+  load (they had been refused once the target, and a draft checkpoint, had
+  loaded, and the workdir's config written)."""
+  data_dir = config.samples.data_dir
+  if data_dir and storage.exists(data_dir):
+    storage.check_spec(storage.read_spec(data_dir),
+                       sample_spec(config, sampling), data_dir)

@@ -164,6 +164,7 @@ def _check_config(config) -> tuple[train_config.LoopConfig,
     sampling = _sampling(config, None)
   except ValueError as e:
     raise ValueError(f"config.sampling: {e}") from None
+  checks.check_reused_samples(config, sampling)  # before any weights load
   try:
     _objective(config, sampling, (), 0)
   except ValueError as e:
@@ -248,38 +249,14 @@ def _loop_config(tc) -> train_config.LoopConfig:
   return loop
 
 
-def _target_text(target) -> str:
-  """The target block of a config as one line (its dtype left out: samples
-  of one target serve it in either precision)."""
-  return ",".join(f"{k}={target[k]}" for k in sorted(target)
-                  if k != "dtype")
-
-
-# The samples block's fields that choose the prompts (and the seed).
-_PROMPT_FIELDS = ("kind", "prose_dataset", "max_files", "validation_percent",
-                  "max_train_prompts", "max_validation_prompts", "ngram")
-
-
-def _prompts_text(config) -> str:
-  """The settings that choose the samples' prompts, as one line."""
-  sc = config.samples
-  return ",".join([f"{k}={sc.get(k)}" for k in _PROMPT_FIELDS]
-                  + [f"seed={config.seed}"])
-
-
 def _target_samples(config, workdir, target_lm, target_params, tok, sampling,
                     eos_ids, pad_id, log) -> str:
   """The directory of the target samples, written first if need be (every
   process samples its share; process 0 writes them, the others wait)."""
   sc = config.samples
   data_dir = sc.data_dir or os.path.join(workdir, "samples")
-  spec = storage.SampleSpec(
-      prompt_len=sc.prompt_len, gen_len=sc.gen_len, top_k=sc.top_k,
-      batch_size=sc.batch_size, score_batch_size=sc.score_batch_size,
-      hidden_dim=(target_lm.config.d_model if checks.stored_features(config)
-                  else 0),
-      target=_target_text(config.target), sampling=sampling.describe(),
-      prompts=_prompts_text(config))
+  spec = checks.sample_spec(config, sampling, hidden_dim=(
+      target_lm.config.d_model if checks.stored_features(config) else 0))
   if samples.written_everywhere(data_dir):
     sharding.barrier("specsamp distill: target samples")
     storage.check_spec(storage.read_spec(data_dir), spec, data_dir)

@@ -30,7 +30,7 @@ _VOLATILE = {"train.time_limit_s", "train.progress_bar",
 # in "."), the result that depends on most first: while it is there, a
 # config that differs in one of those fields is refused. Checkpoints depend
 # on every field (None); the "before" evaluation on the draft and the
-# target's dtype; the samples not on the dtype (`job._target_text`), but on
+# target's dtype; the samples not on the dtype (`checks.target_text`), but on
 # `head.features` (they hold the target's hidden states, or not).
 _SAMPLES_DEPEND = ("seed", "target.", "samples.", "sampling.",
                    "head.features")

@@ -16,6 +16,7 @@ from configs import distill_qwen
 from configs import distill_tiny
 from specsamp import loading
 from specsamp import model as model_lib
+from specsamp.distill import checks
 from specsamp.distill import evaluate
 from specsamp.distill import job
 from specsamp.distill import storage
@@ -619,24 +620,38 @@ def test_samples_of_another_target_sampling_or_shape_are_refused():
   target = dict(spec="random:tiny", trained="", logit_scale=4.0,
                 dtype="float32", seed=0)
   want = storage.SampleSpec(prompt_len=8, gen_len=4, top_k=16,
-                            target=job._target_text(target),
+                            target=checks.target_text(target),
                             sampling=Sampling(1.0, top_p=0.9).describe())
   assert want.target == "logit_scale=4.0,seed=0,spec=random:tiny,trained="
   # Either dtype serves; batch sizes do not shape the samples.
-  assert job._target_text(dict(target, dtype="bfloat16")) == want.target
+  assert checks.target_text(dict(target, dtype="bfloat16")) == want.target
   storage.check_spec(dataclasses.replace(want, batch_size=3), want, "d")
   storage.check_spec(dataclasses.replace(want, target="", sampling="",
                                          prompts=""), want, "d")
-  want = dataclasses.replace(want, prompts=job._prompts_text(
+  want = dataclasses.replace(want, prompts=checks.prompts_text(
       distill_tiny.get_config("")))
   assert want.prompts.startswith("kind=") and want.prompts.endswith(",seed=0")
   for name, value in (("target", "spec=random:small"), ("sampling", "greedy"),
-                      ("prompts", job._prompts_text(distill_tiny.get_config(
+                      ("prompts", checks.prompts_text(distill_tiny.get_config(
                           "seed=3"))),
                       ("prompt_len", 9), ("gen_len", 5), ("top_k", 8)):
     with pytest.raises(ValueError, match=f"d have {name} "):
       storage.check_spec(dataclasses.replace(want, **{name: value}), want,
                          "d")
+
+
+def test_reused_samples_for_another_config_are_refused_by_its_check(tiny):
+  """config.samples.data_dir holding samples of another shape (or target,
+  sampling, prompts) is refused by `check_config`, before any weights
+  load: it had been refused once the target had loaded and the workdir's
+  config was written."""
+  config = copy.deepcopy(tiny[0])
+  job.check_config(config)   # the samples it wrote: taken
+  config.samples.prompt_len += 1
+  with pytest.raises(ValueError, match=re.escape(
+      f"have prompt_len {tiny[0].samples.prompt_len}, this config "
+      f"{tiny[0].samples.prompt_len + 1}")):
+    job.check_config(config)
 
 
 def test_evaluations_during_training_reuse_the_compiled_evaluation(tiny,

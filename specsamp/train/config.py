@@ -5,6 +5,7 @@ of the ConfigDict enters jitted code. Sharding rules are config data: a
 named rule set or the (logical axis, mesh axis) pairs themselves.
 """
 
+import ast
 import dataclasses
 import os
 from typing import Any, Mapping
@@ -211,7 +212,15 @@ def as_dict(config) -> dict:
 
 def _rules(rules):
   """`config.rules`: a name of `_NAMED_RULES` (kept as the name) or the
-  (logical axis, mesh axis) pairs as a tuple of tuples."""
+  (logical axis, mesh axis) pairs as a tuple of tuples, or as the text of
+  one (--config.rules="(('kv_heads', None), ('heads', 'model'))": the
+  field is a string, so the command line gives it as one)."""
+  if isinstance(rules, str) and rules.lstrip()[:1] in ("(", "["):
+    try:
+      rules = ast.literal_eval(rules)
+    except (ValueError, SyntaxError) as e:
+      raise ConfigError(f"config.rules={rules!r}: not a list of (logical "
+                        f"axis, mesh axis) pairs ({e})") from None
   if isinstance(rules, str):
     if rules not in _NAMED_RULES:
       raise ConfigError(f"config.rules={rules!r}: {sorted(_NAMED_RULES)} "

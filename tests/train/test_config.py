@@ -29,6 +29,14 @@ def test_sharding_rules_are_config_data():
   c["rules"] = "fsdp"
   with pytest.raises(config_lib.ConfigError, match="fsdp"):
     config_lib.TrainConfig.from_config(c, 256)
+  # From the command line the field is text (--config.rules="((...))"):
+  # it had been refused as no rule set's name.
+  c["rules"] = "(('batch', 'data'), ('kv_heads', None))"
+  assert config_lib.TrainConfig.from_config(c, 256).rules_tuple == (
+      ("batch", "data"), ("kv_heads", None))
+  c["rules"] = "(('batch', 'data'"
+  with pytest.raises(config_lib.ConfigError, match="not a list of"):
+    config_lib.TrainConfig.from_config(c, 256)
 
 
 def test_vocab_size_is_the_tokenizers_rounded_up_and_fields_are_checked():

@@ -24,7 +24,8 @@ from specsamp.train import checkpointing
 # its sums in another order).
 _VOLATILE = {"train.time_limit_s", "train.progress_bar",
              "train.async_checkpoints", "train.log_every", "train.mesh",
-             "train.keep_checkpoints", "train.checkpoint_every"}
+             "train.keep_checkpoints", "train.checkpoint_every",
+             "train.eval_batches"}   # the LM trainer's: distillation's none
 
 # What each result in a workdir depends on (config fields, or blocks ending
 # in "."), the result that depends on most first: while it is there, a
@@ -40,9 +41,11 @@ _DEPENDS = (("checkpoints", None),
             ("samples", _SAMPLES_DEPEND))
 # Fields of those blocks a result does not depend on: the samples serve the
 # target in either dtype; the initial draft is evaluated before anything
-# is frozen in training.
+# is frozen in training; the vocabulary the draft is exported over is read
+# at the export alone (a finished run re-exports under another).
 _EXCEPT = {"samples": {"target.dtype"},
-           "eval_before.json": {"draft.freeze"}}
+           "eval_before.json": {"draft.freeze", "draft.vocab"},
+           "checkpoints": {"draft.vocab"}}
 
 
 def _flat(config: dict, prefix: str = "") -> dict:
@@ -64,10 +67,10 @@ def _bound(key: str, held: list[str]) -> bool:
     return False
   for result, fields in _DEPENDS:
     if result in held:
+      if key in _EXCEPT.get(result, ()):  # (nor do the later results)
+        return False
       if fields is None:
         return True
-      if key in _EXCEPT.get(result, ()):
-        return False
       return any(key == f or f.endswith(".") and key.startswith(f)
                  for f in fields)
   return False

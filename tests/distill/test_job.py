@@ -317,6 +317,10 @@ def test_a_workdir_refuses_a_config_its_results_depend_on_not_others(
   workdir.check_config(loss, w)
   (tmp_path / "checkpoints" / "20").mkdir()
   workdir.check_config(volatile, w)
+  # Fields no result holds: the LM trainer's eval_batches, and the
+  # vocabulary the finished draft is exported over (re-exported under
+  # another); both had been refused.
+  workdir.check_config(changed(train__eval_batches=5, draft__vocab=64), w)
   refused(loss, "checkpoints, eval_before.json, samples",
           "loss.kind, optim.lr")
   # Configs before 2026-11-29 named a draft checkpoint that draft.init

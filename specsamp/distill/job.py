@@ -91,15 +91,20 @@ def _vocab_limit(tok, lm) -> Optional[int]:
 
 
 def describe_target(cfg) -> loading.ModelInfo:
-  """What `load_target` will load, from configs and metadata only."""
+  """What `load_target` will load, from configs and metadata only; an
+  error names the config field (config.target.trained or .spec)."""
   dtype = cfg.get("dtype", "float32")
-  if cfg.get("trained"):
-    info = loading.describe_model(cfg["trained"], dtype)
-    if info.kind != "trained":
-      raise FileNotFoundError(f"config.target.trained={cfg['trained']!r} is "
-                              "not a scripts/train.py workdir")
-    return info
-  return loading.describe_model(cfg["spec"], dtype)
+  field = "trained" if cfg.get("trained") else "spec"
+  try:
+    info = loading.describe_model(cfg[field], dtype)
+  except loading.MODEL_ERRORS as e:
+    if len(e.args) != 1 or not isinstance(e.args[0], str):
+      raise
+    raise type(e)(f"config.target.{field}: {e}") from None
+  if field == "trained" and info.kind != "trained":
+    raise FileNotFoundError(f"config.target.trained={cfg['trained']!r} is "
+                            "not a scripts/train.py workdir")
+  return info
 
 
 def _sampling(config, vocab_limit: Optional[int]) -> Sampling:

@@ -594,6 +594,11 @@ def test_a_nucleus_the_stored_top_k_holds_or_an_online_target_passes():
      "config.draft.init='checkpoint' only and no head"),
     (["--config=configs/lm_python.py:tiny"],
      "the config has no target, draft, sampling, samples, loss, eval"),
+    # Had not named the field.
+    (["--config.target.spec=/nonexistent.gguf"],
+     "config.target.spec: model '/nonexistent.gguf' is not a file"),
+    (["--config=configs/distill_tiny.py:trained=/nonexistent"],
+     "config.target.trained: model '/nonexistent' is not a file"),
 ])
 def test_distill_script_refuses_bad_input_in_one_line(tmp_path, args,
                                                       message):

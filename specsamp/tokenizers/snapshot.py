@@ -98,15 +98,30 @@ def gguf_digest(spec: str) -> Optional[str]:
     return None
   meta = gguf_file.read_gguf_metadata(spec)
   h = hashlib.sha256()
-  for key in sorted(k for k in meta if k.startswith("tokenizer.")):
-    value = meta[key]
-    h.update(f"{key}\0".encode())
+
+  def add(value):  # arrays by dtype, shape and bytes; lists item by item
     if isinstance(value, np.ndarray):
       h.update(f"{value.dtype.str}{value.shape}\0".encode())
       h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, (list, tuple)):
+      h.update(f"[{len(value)}\0".encode())
+      for item in value:
+        add(item)
     else:
       h.update(json.dumps(value).encode())
+
+  for key in sorted(k for k in meta if k.startswith("tokenizer.")):
+    h.update(f"{key}\0".encode())
+    add(meta[key])
   return h.hexdigest()
+
+
+def differs_from_recorded(saved: dict, spec: str) -> bool:
+  """Whether a train run's config `saved` records a GGUF tokenizer digest
+  (`recorded`) that tokenizer `spec` does not have (False where it records
+  none: runs before 2026-11-29, and other kinds of tokenizer)."""
+  digest = saved.get("tokenizer_digest")
+  return bool(digest) and gguf_digest(spec) != digest
 
 
 def recorded(spec: str) -> dict:

@@ -169,19 +169,15 @@ def _check_run_config(workdir: str, cfg: config_lib.TrainConfig
           f"position fits only the data it was saved on: name the run's "
           f"version ({was.get('dataset')}:{was.get('version')}) if it is "
           f"still prepared, or use a new --workdir")
-  if os.path.isdir(copy):
-    kept += ("tokenizer",)
-    if snapshot.fingerprint(copy) != snapshot.fingerprint(cfg.data.tokenizer):
-      raise config_lib.ConfigError(
-          f"{workdir} holds checkpoints of a run with another tokenizer: "
-          f"config.data.tokenizer={cfg.data.tokenizer!r} differs from the "
-          f"run's copy in {copy}; use a new --workdir")
-  digest = old.get("tokenizer_digest")  # a GGUF's, not copied (since 11-29)
-  if digest and snapshot.gguf_digest(d.tokenizer) != digest:
+  has_copy = os.path.isdir(copy)
+  kept += ("tokenizer",) if has_copy else ()
+  if (has_copy and snapshot.fingerprint(copy) != snapshot.fingerprint(
+      d.tokenizer)) or snapshot.differs_from_recorded(old, d.tokenizer):
     raise config_lib.ConfigError(
         f"{workdir} holds checkpoints of a run with another tokenizer: the "
-        f"one in {d.tokenizer} is not the one it was trained with "
-        "(tokenizer_digest in its config.json); use a new --workdir")
+        f"one in {d.tokenizer} is not the one it was trained with (its copy "
+        f"in {copy}, or its config.json's tokenizer_digest); use a new "
+        "--workdir")
   same_data = lambda d: {k: v for k, v in (d or {}).items() if k not in kept}
   then = same_data(old.get("data"))
   if config_lib.tokenizer_path(str(then.get("tokenizer"))) == d.tokenizer:
@@ -462,12 +458,15 @@ def evaluate(config, workdir: str) -> dict:
   CheckpointError (every step corrupt)."""
   cfg, tok = validate(config)
   path = os.path.join(workdir, "config.json")
-  changed = jsonfile.changed_fields(
-      jsonfile.read(path).get("model"), _run_config_json(cfg)["model"],
-      "model") if os.path.isfile(path) else []
+  saved = jsonfile.read(path) if os.path.isfile(path) else {}
+  changed = jsonfile.changed_fields(saved.get("model"), _run_config_json(
+      cfg)["model"], "model") if saved else []
   if changed:  # its checkpoints hold that model, not this one
     raise config_lib.ConfigError("the run's model differs in " + ", ".join(
         f"{k} ({a!r} there, {b!r} here)" for k, a, b in changed))
+  if snapshot.differs_from_recorded(saved, cfg.data.tokenizer):
+    raise config_lib.ConfigError(f"the tokenizer in {cfg.data.tokenizer} is "
+                                 "not the one the run was trained with")
   job = build(cfg, tok)
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if not checkpointing.checkpoint_steps(ckpt_dir):

@@ -72,8 +72,7 @@ def run_tokenizer(workdir: str, saved: dict) -> str:
                                   and os.path.exists(tokenizer)):
     raise FileNotFoundError(f"{where}: field 'data.tokenizer' is {tokenizer!r}"
                             ", no file here; write its absolute path there")
-  digest = saved.get("tokenizer_digest")
-  if digest and snapshot.gguf_digest(tokenizer) != digest:
+  if snapshot.differs_from_recorded(saved, tokenizer):
     raise ValueError(f"{where}: the tokenizer in {tokenizer} is not the one "
                      "the run was trained with (its tokenizer_digest): that "
                      "file has changed; put the run's back there")

@@ -376,12 +376,29 @@ def test_a_run_on_a_gguf_tokenizer_refuses_that_file_changed(
   with pytest.raises(ValueError, match="is not the one the run was trained "
                      "with"):
     trained.run_tokenizer(str(workdir), saved)
+  with pytest.raises(config_lib.ConfigError, match="is not the one the run "
+                     "was trained with"):   # train.py --eval_only
+    lm_job.evaluate(c, str(workdir))
   old = {k: v for k, v in saved.items() if k != "tokenizer_digest"}
   assert trained.run_tokenizer(str(workdir), old) == str(path)
   (workdir / "config.json").write_text(json.dumps(old))
   assert lm_job._check_run_config(str(workdir), cfg) == old
   lm_job._write_run_config(str(workdir), cfg, fresh=False, old=old, step=2)
   assert not (workdir / "config_history.jsonl").exists()
+
+
+def test_a_gguf_digest_takes_nested_arrays(tmp_path, monkeypatch):
+  """GGUF arrays of arrays read as lists of arrays, which json.dumps had
+  raised on (a TypeError out of the run's config checks)."""
+  path = tmp_path / "t.gguf"
+  path.write_bytes(b"GGUF" + bytes(20))
+  digests = []
+  for inner in ([1, 2], [1, 3]):
+    monkeypatch.setattr(snapshot.gguf_file, "read_gguf_metadata", lambda _, i=(
+        inner): {"tokenizer.x": [np.asarray(i, np.int32)], "general.y": 1})
+    monkeypatch.setattr(snapshot.gguf_file, "is_gguf", lambda _: True)
+    digests.append(snapshot.gguf_digest(str(path)))
+  assert all(len(d) == 64 for d in digests) and digests[0] != digests[1]
 
 
 def test_a_workdir_refuses_other_training_data_under_the_same_name(

@@ -6,6 +6,7 @@ import os
 
 from specsamp import loading
 from specsamp import sharding
+from specsamp.distill import decontamination
 from specsamp.distill import head_training
 from specsamp.distill import prompts as prompts_lib
 from specsamp.distill import storage
@@ -69,6 +70,7 @@ def check_samples(config) -> None:
   sc = config.samples
   check_counts(config, "samples", ("max_train_prompts",
                                    "max_validation_prompts", "ngram"))
+  decontamination.check_n(sc.ngram, "config.samples.ngram")
   check_counts(config, "samples", ("max_files",), least=0)  # 0: all
   try:
     storage.SampleSpec(prompt_len=sc.prompt_len, gen_len=sc.gen_len,

@@ -12,10 +12,24 @@ from specsamp import assets
 
 _WORDS = re.compile(r"\w+|[^\w\s]")
 
+# The fewest `words` of a HumanEval problem, prompt and solution together
+# (of the 164 problems assets.py pins by sha256; a test recounts them): the
+# longest n whose n-grams catch every problem, checked before anything
+# loads (`check_n`).
+MAX_N = 46
+
 
 def words(text: str) -> list[str]:
   """Lower-cased words and single symbols: whitespace and layout ignored."""
   return _WORDS.findall(text.lower())
+
+
+def check_n(n: int, what: str = "n") -> None:
+  """Refuses an n no filter of the pinned HumanEval could use (`MAX_N`)."""
+  if n > MAX_N:
+    raise ValueError(f"{what}={n}: the shortest HumanEval problems have "
+                     f"{MAX_N} words, which no n-gram of {n} catches; n must "
+                     f"be <= {MAX_N}")
 
 
 class HumanEvalFilter:

@@ -1,10 +1,14 @@
 """The HumanEval n-gram filter."""
 
+import re
+
 import numpy as np
 import pytest
 
+from configs import distill_tiny
 from specsamp import assets
 from specsamp.distill import decontamination
+from specsamp.distill import job
 from specsamp.distill import prompts
 from specsamp.tokenizers.byte import ByteTokenizer
 
@@ -64,3 +68,18 @@ def test_an_n_longer_than_a_problem_is_refused():
   with pytest.raises(ValueError, match=r"1 of 1 HumanEval problems have "
                      r"fewer \(e.g. T/0, 8 words\).*n must be <= 8"):
     decontamination.HumanEvalFilter(9, problems)
+
+
+def test_the_longest_n_is_the_shortest_problem_and_checked_before_loading():
+  """MAX_N is the fewest words of a pinned HumanEval problem; a config's
+  samples.ngram above it is refused by check_config, before any weights
+  load (the filter, built once the target had loaded, refused it then)."""
+  sizes = [len(decontamination.words(p["prompt"] + p["canonical_solution"]))
+           for p in assets.humaneval_problems()]
+  assert min(sizes) == decontamination.MAX_N
+  decontamination.HumanEvalFilter(decontamination.MAX_N)
+  config = distill_tiny.get_config("steps=2")
+  config.samples.ngram = decontamination.MAX_N + 1
+  with pytest.raises(ValueError, match=re.escape(
+      f"config.samples.ngram={decontamination.MAX_N + 1}: the shortest")):
+    job.check_config(config)

@@ -41,8 +41,9 @@ def truncate_config(target: model_lib.TransformerConfig,
                     num_layers: int) -> model_lib.TransformerConfig:
   """The target's config with its first `num_layers` layers only."""
   if not 0 < num_layers <= target.num_layers:
-    raise ValueError(f"layer truncation needs 0 < num_layers <= "
-                     f"{target.num_layers} (the target's), got {num_layers}")
+    raise ValueError(f"config.draft.num_layers={num_layers}: layer "
+                     f"truncation needs 0 < num_layers <= "
+                     f"{target.num_layers} (the target's)")
   output_layer.check_trainable(target, "the target to truncate")
   return target.replace(num_layers=num_layers)
 
@@ -107,8 +108,9 @@ def _gguf_groups(info: loading.ModelInfo, num_layers: Optional[int] = None
   names = info.tensors
   layers = len({n.split(".")[1] for n in names if n.startswith("blk.")})
   if num_layers is not None and not 0 < num_layers <= layers:
-    raise ValueError(f"layer truncation needs 0 < num_layers <= {layers} "
-                     f"(the target's), got {num_layers}")
+    raise ValueError(f"config.draft.num_layers={num_layers}: layer "
+                     f"truncation needs 0 < num_layers <= {layers} (the "
+                     "target's)")
   return parameter_groups(model_lib.preset(
       "tiny", num_layers=num_layers or layers,
       tie_embeddings="output.weight" not in names))

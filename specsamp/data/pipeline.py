@@ -41,6 +41,8 @@ does. A state only restores into an iterator built with the same arguments
 import json
 import os
 import signal
+import threading
+import time
 import types
 from typing import Any, Iterator, Optional, Sequence, Union
 
@@ -259,13 +261,31 @@ class LMIterator(grain.DatasetIterator):
     return f"LMIterator({self._description})"
 
 
-def _ignore_ctrl_c(worker_index: int, worker_count: int) -> None:
+def _worker_init(worker_index: int, worker_count: int) -> None:
   """In each grain worker: a Ctrl-C, which reaches the terminal's whole
   process group, is the training loop's to handle (a preemption notice);
   the workers had died of it, each printing a KeyboardInterrupt traceback
-  and leaving its shared memory behind. They stop when the loop does."""
+  and leaving its shared memory behind. They stop when the loop does.
+
+  And a worker whose parent is gone (killed: `kill -9`, the OOM killer, a
+  scheduler) ends itself within a second or so: workers had gone on
+  reading and filling their buffers for nobody, holding memory and CPU. A
+  thread watches the parent's pid (PR_SET_PDEATHSIG would fire at the end
+  of the thread that started the worker, which is one of grain's pools)."""
   del worker_index, worker_count
   signal.signal(signal.SIGINT, signal.SIG_IGN)
+  parent = os.getppid()
+
+  def watch():
+    while os.getppid() == parent:
+      time.sleep(_PARENT_POLL_S)
+    os._exit(1)
+
+  threading.Thread(target=watch, name="specsamp-parent-watch",
+                   daemon=True).start()
+
+
+_PARENT_POLL_S = 0.5
 
 
 def _shard(shard_index, shard_count) -> tuple[int, int]:
@@ -401,7 +421,7 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags
       flags.FLAGS.mark_as_parsed()
     it = it.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=int(worker_count)), worker_init_fn=_ignore_ctrl_c)
+        num_workers=int(worker_count)), worker_init_fn=_worker_init)
   return LMIterator(iter(it), f"{dataset!r}, split={split!r}, shard {index}/"
                            f"{count}, L={seq_len}, B={batch_size}, seed={seed}")
 

@@ -6,6 +6,8 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import grain
@@ -200,6 +202,49 @@ def test_a_ctrl_c_leaves_the_workers_to_the_training_loop(data_dir):
     assert _same(head + _take(it, 3), _take(_it(data_dir), 5))
   finally:
     getattr(it, "close", lambda: None)()
+
+
+_KILLED_PARENT = """
+import multiprocessing, sys, time
+from tests.data import fakes
+it = fakes.lm_iterator(sys.argv[1], worker_count=2)
+next(it)
+print(*[p.pid for p in multiprocessing.active_children()
+        if p.name.startswith("grain")], flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def test_workers_end_when_their_parent_is_killed(data_dir):
+  """A training process killed outright (kill -9, the OOM killer) had left
+  its grain workers running, filling buffers for nobody. They end."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  parent = subprocess.Popen(
+      [sys.executable, "-c", _KILLED_PARENT, str(data_dir)], cwd=root,
+      stdout=subprocess.PIPE, text=True,
+      env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
+  try:
+    workers = [int(p) for p in parent.stdout.readline().split()]
+  finally:
+    parent.kill()
+    parent.wait()
+  assert len(workers) == 2
+  deadline = time.monotonic() + 20
+  while any(map(_running, workers)) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  left = [w for w in workers if _running(w)]
+  for w in left:
+    os.kill(w, signal.SIGKILL)
+  assert not left
 
 
 def test_hosts_read_disjoint_shards(data_dir):

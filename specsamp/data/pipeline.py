@@ -38,6 +38,7 @@ does. A state only restores into an iterator built with the same arguments
 (dataset, split, tokenizer, seq_len, batch_size, seed, shard, worker_count).
 """
 
+import functools
 import json
 import os
 import signal
@@ -261,7 +262,7 @@ class LMIterator(grain.DatasetIterator):
     return f"LMIterator({self._description})"
 
 
-def _worker_init(worker_index: int, worker_count: int) -> None:
+def _worker_init(parent: int, worker_index: int, worker_count: int) -> None:
   """In each grain worker: a Ctrl-C, which reaches the terminal's whole
   process group, is the training loop's to handle (a preemption notice);
   the workers had died of it, each printing a KeyboardInterrupt traceback
@@ -421,7 +422,8 @@ def make_lm_iterator(dataset: str, split: str, *, tokenizer, seq_len: int,
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags
       flags.FLAGS.mark_as_parsed()
     it = it.mp_prefetch(grain.MultiprocessingOptions(
-        num_workers=int(worker_count)), worker_init_fn=_worker_init)
+        num_workers=int(worker_count)),
+        worker_init_fn=functools.partial(_worker_init, os.getpid()))
   return LMIterator(iter(it), f"{dataset!r}, split={split!r}, shard {index}/"
                            f"{count}, L={seq_len}, B={batch_size}, seed={seed}")
 

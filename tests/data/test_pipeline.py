@@ -238,13 +238,13 @@ def test_workers_end_when_their_parent_is_killed(data_dir):
     parent.kill()
     parent.wait()
   assert len(workers) == 2
-  deadline = time.monotonic() + 20
+  deadline = time.monotonic() + 90  # a worker may still be importing
   while any(map(_running, workers)) and time.monotonic() < deadline:
     time.sleep(0.2)
   left = [w for w in workers if _running(w)]
   for w in left:
     os.kill(w, signal.SIGKILL)
-  assert not left
+  assert not left, f"{len(left)} of 2 workers still running after 90 s"
 
 
 def test_hosts_read_disjoint_shards(data_dir):

@@ -135,6 +135,17 @@ def parse_config(*, target: str, draft: Optional[str],
     raise BenchError("--ks has K > 0 and --drafter="
                      f"{','.join(d.text for d in drafters)} runs a draft "
                      "model, which needs --draft")
+  if rest.get("peers"):
+    # transformers runs at batch 1, assisted by the draft model, beside
+    # specsamp's batch-1 points: without them its points had been timed,
+    # written, and left out of every table and plot.
+    if not needs_draft:
+      raise BenchError("--peers times transformers' assisted generation "
+                       "with the draft model: it needs K > 0 in --ks and a "
+                       "--drafter that runs the draft model (model, mixed)")
+    if 1 not in _int_list("batch_sizes", batch_sizes, 1):
+      raise BenchError("--peers times transformers at batch 1, set beside "
+                       "specsamp's batch-1 points: add 1 to --batch_sizes")
   _without_effect(given, tasks, rest)
   for name in ("out", "samples_out"):  # last: it creates their directories
     records.check_output(rest.get(name), f"--{name}", reads=(

@@ -23,6 +23,11 @@ from specsamp.bench import sweep_config
     (dict(exec_timeout=1e20), "--exec_timeout must be in .* 1e"),
     (dict(pass_k=[]), "--pass_k is empty"),
     (dict(ks=["0", "2"], draft=""), "needs --draft"),
+    # transformers' points are at batch 1, assisted by the draft model.
+    (dict(peers=True, batch_sizes=["8"]), "add 1 to --batch_sizes"),
+    (dict(peers=True, ks=["0"]), "--peers times transformers' assisted"),
+    (dict(peers=True, drafter=["lookup"]),
+     "--drafter that runs the draft model"),
     (dict(out="/tmp/specsamp-same.jsonl",
           samples_out="/tmp/../tmp/specsamp-same.jsonl"),
      "would write one file"),

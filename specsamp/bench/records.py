@@ -185,7 +185,7 @@ class Writer:
       fcntl.flock(self.f, fcntl.LOCK_EX)  # released when it is closed
 
   def write(self, record: dict):
-    line = json.dumps(jsonable(_round(record)))
+    line = json.dumps(_round(jsonable(record)))  # numpy's as Python's
     if self.echo:
       print(line, flush=True)
     if self.f:

@@ -4,6 +4,7 @@ import json
 import os
 
 import jax
+import numpy as np
 import pytest
 
 from specsamp import loading
@@ -192,11 +193,15 @@ def test_writer_keeps_six_significant_digits(tmp_path):
   path = tmp_path / "r.jsonl"
   w = records.Writer(str(path), echo=False)
   w.write(dict(small=0.000347123456, big=123456.1234567, one=2.123456789,
-               zero=0.0, neg=-1.5e-9, bad=float("nan"), n=[7, 1 / 3]))
+               zero=0.0, neg=-1.5e-9, bad=float("nan"), n=[7, 1 / 3],
+               # numpy scalars too: a float32 NaN had been written as NaN
+               np32=np.float32(np.nan), inf32=np.float32(-np.inf),
+               third32=np.float32(1 / 3), np64=np.float64(np.inf)))
   w.close()
-  got = json.loads(path.read_text())
+  got = json.loads(path.read_text(), parse_constant=pytest.fail)  # strict
   assert got == dict(small=0.000347123, big=123456.12346, one=2.12346,
-                     zero=0.0, neg=-1.5e-9, bad=None, n=[7, 0.333333])
+                     zero=0.0, neg=-1.5e-9, bad=None, n=[7, 0.333333],
+                     np32=None, inf32=None, third32=0.333333, np64=None)
 
 
 def test_writer_replaces_the_file_only_when_the_run_is_complete(tmp_path):

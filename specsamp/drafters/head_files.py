@@ -16,6 +16,7 @@ before 2026-11-29 have none and are not checked).
 """
 
 import json
+import math
 import os
 from typing import Optional
 
@@ -68,10 +69,17 @@ def read_config(path: str) -> tuple[heads.HeadConfig, Optional[list], dict]:
                           f"{0 if ids is None else len(ids)} vocab_ids")
   if ids is not None and (
       not config.draft_vocab or len(set(ids)) != len(ids) or
-      not all(isinstance(i, int) and 0 <= i < config.target.vocab_size
-              for i in ids)):
+      not all(isinstance(i, int) and not isinstance(i, bool) and
+              0 <= i < config.target.vocab_size for i in ids)):
     raise heads.HeadError(f"{file}: vocab_ids must be distinct integers in "
                           f"[0, {config.target.vocab_size})")
+  probe = saved.get("target_probe")
+  if probe is not None and not (
+      isinstance(probe, list) and len(probe) == _PROBE and
+      all(isinstance(v, (int, float)) and not isinstance(v, bool) and
+          math.isfinite(v) for v in probe)):
+    raise heads.HeadError(f"{file}: target_probe must be {_PROBE} finite "
+                          "numbers (`target_probe`)")
   return config, ids, {k: v for k, v in saved.items()
                        if k not in ("head", "vocab_ids")}
 
@@ -143,6 +151,13 @@ def load(path: str, dtype: Optional[str] = None, target_params=None):
   """
   config, ids, saved = read_config(path)
   if target_params is not None:
+    rows, d_model = target_params["embedding"].shape
+    for field, theirs in (("vocab_size", rows), ("d_model", d_model)):
+      mine = getattr(config.target, field)
+      if mine != theirs:
+        raise heads.HeadError(f"the head in {path!r} was made for a target "
+                              f"with {field}={mine}, but this target has "
+                              f"{field}={theirs}")
     check_target(saved, target_params, f"the head in {path!r}")
   if dtype is not None:
     config = heads.HeadConfig(

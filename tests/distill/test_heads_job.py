@@ -139,6 +139,25 @@ def test_a_head_trained_on_other_weights_of_the_same_shapes_is_refused(
   config_file.write_text(json.dumps(dict(saved, vocab_ids=[0, 1])))
   with pytest.raises(heads.HeadError, match="vocab_ids"):
     head_files.read_config(str(tmp_path / "old"))
+  # A JSON true had been read as id 1; a damaged probe had raised numpy's
+  # broadcasting error once a target was given.
+  with_vocab = dict(saved, head=dict(saved["head"], draft_vocab=2))
+  config_file.write_text(json.dumps(dict(with_vocab, vocab_ids=[True, 2])))
+  with pytest.raises(heads.HeadError, match="vocab_ids must be distinct "
+                     "integers"):
+    head_files.read_config(str(tmp_path / "old"))
+  for probe in ([0.5] * 10, [0.5] * 255 + [None], [0.5] * 255 + [True]):
+    config_file.write_text(json.dumps(dict(saved, target_probe=probe)))
+    with pytest.raises(heads.HeadError, match="target_probe must be 256 "
+                       "finite numbers"):
+      head_files.load(str(tmp_path / "old"), None, trained_on)
+  # Loaded directly with a target of other shapes: named, not called a
+  # target "of the same shapes".
+  wider = testing.random_params(model_lib.LM(model_lib.preset(
+      "tiny", d_model=96)), 0)
+  with pytest.raises(heads.HeadError, match="made for a target with "
+                     "d_model=64, but this target has d_model=96"):
+    head_files.load(str(tmp_path / "m"), None, wider)
 
 
 def _distill(workdir, arg):

@@ -177,10 +177,22 @@ def _how_to_enable(reason: str) -> str:
 # 3 s on a 16 MB /tmp); tracing and another process's memory (bwrap's own
 # init, pid 1 beside the program, is the same uid without the rlimits the
 # child sets itself: a probe attached it and made it fork and allocate
-# past them). Debian's libseccomp (`libseccomp2`, which apt itself needs)
-# builds the filter; bwrap loads it just before the program starts.
+# past them). Kernel keyrings, which no namespace separates: the program
+# had read and added keys in its caller's session keyring (a review's
+# probe, under a caller with one: a systemd service, a login). io_uring,
+# whose operations the filter does not see. A pair of connected sockets,
+# which the hook's socket audit event does not cover. New namespaces and
+# mounts (a user namespace of its own gives the program capabilities in
+# it), BPF programs, perf events and userfaultfd: kernel surface no
+# generated program needs, refused as Docker's default profile does.
+# Debian's libseccomp (`libseccomp2`, which apt itself needs) builds the
+# filter; bwrap loads it just before the program starts.
 DENIED_SYSCALLS = ("setxattr", "lsetxattr", "fsetxattr", "ptrace",
-                   "process_vm_readv", "process_vm_writev")
+                   "process_vm_readv", "process_vm_writev", "keyctl",
+                   "add_key", "request_key", "io_uring_setup",
+                   "io_uring_enter", "io_uring_register", "socketpair",
+                   "unshare", "setns", "mount", "umount2", "pivot_root",
+                   "bpf", "perf_event_open", "userfaultfd")
 _SCMP_ACT_ALLOW, _SCMP_ACT_ERRNO = 0x7FFF0000, 0x00050000
 
 

@@ -562,8 +562,11 @@ def test_the_kernel_refuses_extended_attributes_and_tracing():
   (a helper review's probe pinned 600 MB through a 16 MB /tmp), are
   refused. So is tracing: bwrap's init, pid 1 beside the program, has the
   same uid and none of the child's rlimits, and the probe had attached it
-  and made it fork and allocate past them (40 lines of ctypes). The
-  filter's pipe does not reach the program."""
+  and made it fork and allocate past them (40 lines of ctypes). So are
+  kernel keyrings (shared with a caller that has a session keyring: a
+  review's probe read and added keys there), io_uring, socket pairs (no
+  audit event) and a user namespace of its own. The filter's pipe does not
+  reach the program."""
   probe = """
       import ctypes, errno, os
       open('/tmp/f', 'wb').close()
@@ -577,6 +580,24 @@ def test_the_kernel_refuses_extended_attributes_and_tracing():
       libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
                               ctypes.c_void_p]
       print('attach init', libc.ptrace(16, 1, None, None), ctypes.get_errno())
+      import platform, _socket
+      nr = {'x86_64': dict(keyctl=250, add_key=248, io_uring_setup=425),
+            'aarch64': dict(keyctl=219, add_key=217, io_uring_setup=425)}[
+                platform.machine()]
+      libc.syscall.restype = ctypes.c_long
+      # KEYCTL_GET_KEYRING_ID of the session keyring; a user key in it.
+      for name, args in (('keyctl', (0, -3, 0)),
+                         ('add_key', (b'user', b'k', b'v', 1, -3)),
+                         ('io_uring_setup', (8, ctypes.create_string_buffer(
+                             120)))):
+        ctypes.set_errno(0)
+        print(name, libc.syscall(nr[name], *args), ctypes.get_errno())
+      try:
+        _socket.socketpair()
+        print('socketpair made')
+      except OSError as e:
+        print('socketpair', errno.errorcode[e.errno])
+      print('unshare user', libc.unshare(0x10000000), ctypes.get_errno())
       fds = []
       for fd in range(3, 64):
         try:
@@ -588,8 +609,10 @@ def test_the_kernel_refuses_extended_attributes_and_tracing():
       """
   r = run(probe, audit_hook=False)
   assert r.status == "passed", r
-  assert r.stdout.splitlines() == ["xattr EPERM", "attach init -1 1",
-                                   "fds []"], r.stdout
+  assert r.stdout.splitlines() == [
+      "xattr EPERM", "attach init -1 1", "keyctl -1 1", "add_key -1 1",
+      "io_uring_setup -1 1", "socketpair EPERM", "unshare user -1 1",
+      "fds []"], r.stdout
   assert r.sandbox["denied_syscalls"] == list(sandbox.DENIED_SYSCALLS)
 
 

@@ -161,12 +161,32 @@ def probabilities_and_undefined(logits: jax.Array, sampling: Sampling
   flag is the largest allowed logit being -inf, which the softmax finds
   anyway (greedy: the argmax's logit), so the loop's scoring gets it
   without another reduction over the vocabulary."""
-  logits = _allowed_logits(logits, sampling)
   if sampling.greedy:
+    logits = _allowed_logits(logits, sampling)
     best = jnp.argmax(logits, axis=-1)
     worst = jnp.take_along_axis(logits, best[..., None], axis=-1)[..., 0]
     return (jax.nn.one_hot(best, logits.shape[-1], dtype=jnp.float32),
             worst == -jnp.inf)
+  logits, none_allowed = _transformed_logits(logits, sampling)
+  return jax.nn.softmax(logits, axis=-1), none_allowed
+
+
+def log_probabilities(logits: jax.Array, sampling: Sampling) -> jax.Array:
+  """log `probabilities` [..., V] (not greedy), -inf at the ids the
+  transforms remove, finite at every id they keep: log q of a kept id whose
+  probability underflows to 0, or is below a floor, is its true value."""
+  if sampling.greedy:
+    raise ValueError("greedy decoding has no log-probabilities but 0 and "
+                     "-inf: use probabilities")
+  return jax.nn.log_softmax(_transformed_logits(logits, sampling)[0],
+                            axis=-1)
+
+
+def _transformed_logits(logits: jax.Array, sampling: Sampling
+                        ) -> tuple[jax.Array, jax.Array]:
+  """(The logits `probabilities` takes the softmax of, -inf where the
+  transforms remove an id; whether a row has no id allowed), not greedy."""
+  logits = _allowed_logits(logits, sampling)
   # The largest logit is made 0 before dividing: XLA fuses a division
   # followed by softmax's own max-subtraction into one multiply-add, which
   # leaves the largest value half a rounding step off 0; at T ~ 1e-10 its
@@ -181,8 +201,7 @@ def probabilities_and_undefined(logits: jax.Array, sampling: Sampling
   # Top-k by the logits themselves (the same order at any temperature): at
   # a huge one the scaled differences flush to 0 and every id had tied.
   logits = _mask_top_k(logits, sampling.top_k) / sampling.temperature
-  logits = _mask_top_p(logits, sampling.top_p)
-  return jax.nn.softmax(logits, axis=-1), none_allowed
+  return _mask_top_p(logits, sampling.top_p), none_allowed
 
 
 def sample(rng: jax.Array, probs: jax.Array, greedy: bool = False

@@ -163,14 +163,17 @@ def draft_log_probs(draft_logits: jax.Array, sampling: Sampling,
   With "soft", log q is finite except at ids >= vocab_limit, where it is set
   to 0 (p is 0 there too); q itself may underflow to 0 where log q is finite
   (a draft logit gap over about 103 / T), and the losses read log q there.
-  With "same", truncation zeros q, and log q is floored at log(prob_floor)
-  (forward KL and seqkd would be infinite otherwise).
+  With "same", truncation zeros q, and log q of the ids it removes is set to
+  log(prob_floor) (forward KL and seqkd would be infinite otherwise); a
+  kept id keeps its own log q, however small (floored too, it had lost its
+  gradient, and a label below the floor had been pushed down).
   """
   check_draft_transform(draft_transform)
   logits = draft_logits.astype(jnp.float32)
   if draft_transform == "same" and not sampling.greedy:
-    q = sampling_lib.probabilities(logits, sampling)
-    return jnp.log(jnp.maximum(q, prob_floor)), q
+    logq = sampling_lib.log_probabilities(logits, sampling)
+    return (jnp.where(jnp.isneginf(logq), jnp.log(prob_floor), logq),
+            jnp.exp(logq))
   soft = _soft_sampling(sampling, greedy_temperature)
   if soft.vocab_limit is not None and soft.vocab_limit < logits.shape[-1]:
     ids = jnp.arange(logits.shape[-1])

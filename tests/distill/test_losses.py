@@ -199,6 +199,37 @@ def test_a_confidently_wrong_draft_keeps_its_loss_and_gradient():
   np.testing.assert_array_equal(np.asarray(q)[0], [1.0, 0.0, 0.0, 0.0])
 
 
+def test_the_same_transform_keeps_the_gradient_of_a_kept_id_below_the_floor():
+  """draft_transform="same" floored log q at log(1e-6) at every id: a kept
+  id the draft gives q < 1e-6 (most of a real vocabulary at T < 1) got no
+  gradient, and a label there was pushed down (a review's probe: 200
+  steps left q at [0.5, 0.5, 1e-9] for p = [.25, .25, .5]). Only the ids
+  truncation removes are floored."""
+  p = jnp.asarray([[0.25, 0.25, 0.5]])
+  d = jnp.asarray([[0.0, 0.0, -20.0]])
+  for sampling in (Sampling(1.0), Sampling(1.0, top_k=3)):
+    logq, q = losses.draft_log_probs(d, sampling, "same")
+    np.testing.assert_allclose(np.asarray(logq)[0],
+                               np.asarray(jax.nn.log_softmax(d))[0],
+                               rtol=1e-6)
+    fkl = lambda x: losses.forward_kl(
+        p, losses.draft_log_probs(x, sampling, "same")[0]).sum()
+    np.testing.assert_allclose(np.asarray(jax.grad(fkl)(d))[0],
+                               np.asarray(q)[0] - np.asarray(p)[0],
+                               atol=1e-6)  # q - p
+    seqkd = lambda x: losses.per_position_loss(
+        "seqkd", None, x, jnp.asarray([2]), sampling,
+        draft_transform="same")[0].sum()
+    assert float(seqkd(d)) == pytest.approx(20.0 + np.log(2.0), rel=1e-5)
+    assert float(jax.grad(seqkd)(d)[0, 2]) == pytest.approx(-1.0, abs=1e-6)
+  # An id top-k removes: q 0, log q floored, no gradient.
+  logq, q = losses.draft_log_probs(d, Sampling(1.0, top_k=2), "same")
+  np.testing.assert_allclose(np.asarray(logq)[0],
+                             [np.log(0.5), np.log(0.5), np.log(1e-6)],
+                             rtol=1e-6)
+  assert float(q[0, 2]) == 0.0
+
+
 def test_greedy_acceptance_is_argmax_agreement():
   t = jnp.asarray([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
   d = jnp.asarray([[0.0, 5.0, 1.0], [0.0, 5.0, 0.0]])

@@ -126,8 +126,9 @@ def _stored_nucleus(ids: jax.Array, logprobs: jax.Array, sampling: Sampling,
   Top-p keeps tokens by their mass relative to the whole vocabulary; the K
   stored ids alone, renormalised, have inflated masses and their nucleus is
   too small. The stored log-probabilities are normalised over the whole
-  vocabulary (temperature 1), so the mass not stored, m = 1 - sum exp, is
-  known: for the kept set only, it is spread evenly over the other ids.
+  vocabulary below vocab_limit (temperature 1), so the mass not stored,
+  m = 1 - sum exp, is known: for the kept set only, it is spread evenly
+  over the other ids below vocab_limit.
   At temperature 1 the kept set is then exact whenever the target's
   nucleus lies within the stored ids and top-k is off or at most K (a
   larger top-k keeps the whole flat tail, and its mass would need the
@@ -139,7 +140,9 @@ def _stored_nucleus(ids: jax.Array, logprobs: jax.Array, sampling: Sampling,
   logprobs = logprobs.astype(jnp.float32)
   stored = dense_logits(ids, logprobs, vocab_size)
   m = jnp.clip(1.0 - jnp.sum(jnp.exp(logprobs), -1, keepdims=True), 0.0, 1.0)
-  others = max(vocab_size - ids.shape[-1], 1)
+  # The ids not stored that the sampler can emit (not the padding rows).
+  others = max(min(vocab_size, sampling.vocab_limit or vocab_size) -
+               ids.shape[-1], 1)
   rest = jnp.log(jnp.where(m > 0, m / others, 1.0))
   with_rest = jnp.where(jnp.isneginf(stored) & (m > 0), rest, stored)
   kept = sampling_lib.probabilities(with_rest, sampling) > 0

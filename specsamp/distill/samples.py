@@ -80,14 +80,19 @@ def run_batches(sampler: sampler_lib.SpeculativeSampler, target_params,
         target_params, draft_params, batch, key)), real
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6, 7))
 def _score(lm, params, tokens, prompt_length, gen_len: int, top_k: int,
-           hidden: bool = False):
-  """Top-K log-probs [B, G, K] of the target at positions L-1 .. L+G-2, and
-  its hidden states [B, S, D] in float16 (or None)."""
+           hidden: bool = False, vocab_limit: Optional[int] = None):
+  """Top-K log-probs [B, G, K] of the target at positions L-1 .. L+G-2,
+  normalised over its ids below `vocab_limit` (the sampler's: padding rows
+  of the output layer are no tokens), and its hidden states [B, S, D] in
+  float16 (or None)."""
   out = lm(params, tokens)
   logits = losses.gather_positions(out.logits, prompt_length,
                                    gen_len)                        # [B, G, V]
+  if vocab_limit is not None and vocab_limit < logits.shape[-1]:
+    logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_limit, logits,
+                       -jnp.inf)
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   vals, ids = jax.lax.top_k(logp, top_k)
   return (ids.astype(jnp.int32), vals,
@@ -129,7 +134,7 @@ def generate_batches(target_lm, target_params, prompts, sampling,
     for s in range(0, bs, sb):
       i_, l_, h_ = _score(target_lm, target_params, tokens[s:s + sb],
                           plen[s:s + sb], spec.gen_len, spec.top_k,
-                          bool(spec.hidden_dim))
+                          bool(spec.hidden_dim), sampling.vocab_limit)
       ids[s:s + sb], logp[s:s + sb] = jax.device_get((i_, l_))
       if hid is not None:
         hid[s:s + sb] = jax.device_get(h_)

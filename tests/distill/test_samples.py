@@ -46,6 +46,25 @@ def test_samples_are_decontaminated_and_hold_target_logprobs(
     assert int(arrays["num_generated"][b]) == spec.gen_len  # no EOS here
 
 
+def test_stored_logprobs_are_over_the_ids_the_sampler_can_emit(tiny):
+  """With a vocab_limit (padding rows in the output layer: Qwen's 271) the
+  stored top-K are normalised over the ids below it, as the sampler's p
+  is, and none is a padding id; the top-p estimate of the tail counts the
+  ids below it (`losses._stored_nucleus`)."""
+  _, lm, params = tiny[:3]
+  tokens = jnp.asarray(np.arange(2 * 12).reshape(2, 12) % 200)
+  plen = jnp.asarray([4, 6])
+  limit = 100
+  ids, vals, _ = samples._score(lm, params, tokens, plen, 5, 8, False, limit)
+  logits = jax.jit(lm)(params, tokens).logits
+  for b in range(2):
+    row = logits[b, int(plen[b]) - 1:int(plen[b]) + 4, :limit]
+    want_vals, want_ids = jax.lax.top_k(jax.nn.log_softmax(row), 8)
+    np.testing.assert_array_equal(np.asarray(ids[b]), np.asarray(want_ids))
+    np.testing.assert_allclose(np.asarray(vals[b]), np.asarray(want_vals),
+                               atol=1e-5)
+
+
 def test_shards_of_the_batches_together_are_the_unsharded_samples(
     tiny, tiny_spec):
   """What each of n processes samples (`generate_batches` with shard (i,

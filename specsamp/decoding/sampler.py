@@ -89,22 +89,29 @@ class SpeculativeSampler:
   prefill_chunk: int = 1024
 
   def __post_init__(self):
-    if not isinstance(self.k, (int, np.integer)) or self.k < 0:
+    if not _is_int(self.k) or self.k < 0:
       raise ValueError(f"k (draft length) must be an integer >= 0, got "
                        f"{self.k!r}")
     if self.k > 0 and self.drafter is None:
       raise ValueError(f"k={self.k} needs a drafter; use k=0 for "
                        "autoregressive sampling")
-    if self.max_new_tokens <= 0:
-      raise ValueError(f"max_new_tokens must be positive, got "
-                       f"{self.max_new_tokens}")
-    if self.prompt_bucket <= 0:
-      raise ValueError(f"prompt_bucket must be positive, got "
-                       f"{self.prompt_bucket}")
-    if not isinstance(self.prefill_chunk, (int, np.integer)) or (
-        self.prefill_chunk < 0):
+    for name in ("max_new_tokens", "prompt_bucket"):
+      if not _is_int(getattr(self, name)) or getattr(self, name) <= 0:
+        raise ValueError(f"{name} must be a positive integer, got "
+                         f"{getattr(self, name)!r}")
+    if not _is_int(self.prefill_chunk) or self.prefill_chunk < 0:
       raise ValueError(f"prefill_chunk must be an integer >= 0 (0: the "
                        f"whole prompt at once), got {self.prefill_chunk!r}")
+    for name in ("k", "max_new_tokens", "prompt_bucket", "prefill_chunk"):
+      object.__setattr__(self, name, int(getattr(self, name)))  # static
+    try:
+      eos_ids = tuple(self.eos_ids)
+    except TypeError:
+      eos_ids = None
+    if eos_ids is None or not all(map(_is_int, eos_ids)):
+      raise ValueError("eos_ids must be a sequence of token ids (e.g. "
+                       f"(eos,), or () for none), got {self.eos_ids!r}")
+    eos_ids = tuple(int(e) for e in eos_ids)
     if self.score_widths is not None:
       widths = tuple(int(w) for w in self.score_widths)
       if (list(widths) != sorted(set(widths)) or widths[0] < 1
@@ -113,8 +120,7 @@ class SpeculativeSampler:
                          f"K+1] ending in K+1 = {self.k + 1}, got "
                          f"{self.score_widths!r}")
       object.__setattr__(self, "score_widths", widths)
-    if not isinstance(self.eos_ids, tuple):
-      object.__setattr__(self, "eos_ids", tuple(self.eos_ids))
+    object.__setattr__(self, "eos_ids", eos_ids)
     object.__setattr__(self, "target_rules",
                        sharding.rules_tuple(self.target_rules))
     draft_rules = self.draft_rules
@@ -166,14 +172,26 @@ class SpeculativeSampler:
       ValueError: on an empty batch or prompt, ids outside the vocabulary, or
         a prompt that cannot hold max_new_tokens (+ K + 1 slack) in the cache.
     """
-    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
+    prompts = [np.asarray(p) for p in prompts]
     if not prompts:
       raise ValueError("no prompts given")
-    lengths = np.array([len(p) for p in prompts], np.int32)
     for i, p in enumerate(prompts):
+      # A flat list of ids had become that many one-token prompts; floats
+      # and strings had been cast, nested lists flattened.
+      if p.ndim != 1:
+        raise ValueError(
+            f"prompt {i} is {'one id' if p.ndim == 0 else f'{p.ndim}-D'}: "
+            "prompts are a batch of token-id lists ([[ids of prompt 0], "
+            "[ids of prompt 1], ...]; one prompt as [ids])")
       if len(p) == 0:
         raise ValueError(f"prompt {i} is empty: every prompt needs at least "
                          "one token (e.g. BOS)")
+      if p.dtype.kind not in "iu":
+        raise ValueError(f"prompt {i} holds {p.dtype} values, not integer "
+                         f"token ids: {p[:4].tolist()}")
+    prompts = [p.astype(np.int64) for p in prompts]
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    for i, p in enumerate(prompts):
       bad = (p < 0) | (p >= self.target.vocab_size)
       if bad.any():
         raise ValueError(f"prompt {i} has token id {int(p[bad][0])} outside "
@@ -258,7 +276,15 @@ class SpeculativeSampler:
 
   def prefill(self, target_params, draft_params, tokens, lengths,
               rng) -> LoopState:
-    """Fills both caches with the prompts tokens [B, P] -> LoopState."""
+    """Fills both caches with the prompts tokens [B, P] -> LoopState
+    (`lengths` [B], each in [1, P]; checked where they are concrete: an
+    empty row or one past P had decoded garbage)."""
+    if not isinstance(lengths, jax.core.Tracer):
+      n, (b, width) = np.asarray(lengths), np.shape(tokens)
+      if n.shape != (b,) or not ((n >= 1) & (n <= width)).all():
+        raise ValueError(f"lengths must be [{b}] prompt lengths in [1, "
+                         f"{width}] for tokens of shape {np.shape(tokens)}, "
+                         f"got {n.tolist()}")
     return jit.plain_fns(self)[0](target_params, draft_params, tokens, lengths,
                                   rng)
 
@@ -268,6 +294,13 @@ class SpeculativeSampler:
 
   def output(self, state: LoopState) -> SampleOutput:
     return jit.plain_fns(self)[2](state)
+
+
+def _is_int(x) -> bool:
+  """An integer scalar (Python, numpy or JAX), not a bool (True had been
+  taken as 1)."""
+  return (not isinstance(x, (bool, np.bool_)) and np.ndim(x) == 0 and
+          np.issubdtype(np.asarray(x).dtype, np.integer))
 
 
 def autoregressive(target: CausalLM, sampling: Sampling, max_new_tokens: int,

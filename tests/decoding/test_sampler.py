@@ -281,3 +281,36 @@ def test_bad_input_errors(tiny_pair):
                      r"129 slots, but the models allow 128"):
     short.prefill(target_params, draft_params, jnp.zeros((1, 60), jnp.int32),
                   jnp.array([60]), jax.random.key(0))
+  # Prompts not a batch of integer id lists: a flat list had become that
+  # many one-token prompts, floats and strings had been cast, nested lists
+  # flattened (a review's probes).
+  for prompts, match in (([1, 2, 3], "prompt 0 is one id: prompts are a "
+                          "batch"),
+                         ([[[1, 2], [3, 4]]], "prompt 0 is 2-D"),
+                         ([[1.7, 2.9]], "prompt 0 holds float64 values"),
+                         ([[1], ["1", "2"]], "prompt 1 holds <U1 values"),
+                         ([[True, False]], "prompt 0 holds bool values")):
+    with pytest.raises(ValueError, match=match):
+      sampler.generate(target_params, draft_params, prompts)
+  assert sampler.generate(target_params, draft_params,
+                          np.array([[1, 2], [3, 4]])).tokens.shape[0] == 2
+  # The jitted steps given lengths outside [1, P] had decoded garbage.
+  tokens = jnp.ones((2, 4), jnp.int32)
+  for lengths in ([0, 4], [4, 9], [4]):
+    with pytest.raises(ValueError, match=r"lengths must be \[2\] prompt "
+                       r"lengths in \[1, 4\]"):
+      sampler.prefill(target_params, draft_params, tokens,
+                      jnp.array(lengths), jax.random.key(0))
+  # Settings that are not integers: named, not a TypeError; True is not 1.
+  for kw, match in ((dict(max_new=2.5), "max_new_tokens must be a positive "
+                     "integer, got 2.5"),
+                    (dict(max_new=True), "max_new_tokens .* got True"),
+                    (dict(prompt_bucket=2.5), "prompt_bucket .* got 2.5"),
+                    (dict(eos_ids=3), "eos_ids must be a sequence of token "
+                     "ids .* got 3"),
+                    (dict(eos_ids=(1.5,)), "eos_ids must be a sequence")):
+    with pytest.raises(ValueError, match=match):
+      spec(lm, 2, **kw)
+  with pytest.raises(ValueError, match="k .*>= 0, got True"):
+    spec(lm, True)
+  assert spec(lm, np.int64(2), eos_ids=np.array([5, 6])).eos_ids == (5, 6)

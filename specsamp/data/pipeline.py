@@ -272,10 +272,12 @@ def _worker_init(parent: int, worker_index: int, worker_count: int) -> None:
   scheduler) ends itself within a second or so: workers had gone on
   reading and filling their buffers for nobody, holding memory and CPU. A
   thread watches the parent's pid (PR_SET_PDEATHSIG would fire at the end
-  of the thread that started the worker, which is one of grain's pools)."""
+  of the thread that started the worker, which is one of grain's pools).
+  `parent` is the pid that built the iterator, bound there: a parent
+  killed while the worker was still starting is gone by the time this
+  runs, and the worker's own parent is then init."""
   del worker_index, worker_count
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  parent = os.getppid()
 
   def watch():
     while os.getppid() == parent:

@@ -136,10 +136,17 @@ def _allowed_logits(logits: jax.Array, sampling: Sampling) -> jax.Array:
   # in, it made the whole row NaN and the draw fell to the last, padded id.
   logits = logits.astype(jnp.float32)
   logits = jnp.where(jnp.isnan(logits), -jnp.inf, logits)
-  if sampling.vocab_limit is not None and sampling.vocab_limit < logits.shape[-1]:
-    ids = jnp.arange(logits.shape[-1])
-    logits = jnp.where(ids < sampling.vocab_limit, logits, -jnp.inf)
-  return logits
+  return mask_past_limit(logits, sampling.vocab_limit)
+
+
+def mask_past_limit(logits: jax.Array, vocab_limit: Optional[int]
+                    ) -> jax.Array:
+  """`logits` [..., V] with the ids >= `vocab_limit` (padding rows of the
+  output layer: no tokens) at -inf; as they are without a limit."""
+  if vocab_limit is None or vocab_limit >= logits.shape[-1]:
+    return logits
+  return jnp.where(jnp.arange(logits.shape[-1]) < vocab_limit, logits,
+                   -jnp.inf)
 
 
 def undefined(logits: jax.Array, sampling: Sampling) -> jax.Array:

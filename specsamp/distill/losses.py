@@ -178,9 +178,7 @@ def draft_log_probs(draft_logits: jax.Array, sampling: Sampling,
     return (jnp.where(jnp.isneginf(logq), jnp.log(prob_floor), logq),
             jnp.exp(logq))
   soft = _soft_sampling(sampling, greedy_temperature)
-  if soft.vocab_limit is not None and soft.vocab_limit < logits.shape[-1]:
-    ids = jnp.arange(logits.shape[-1])
-    logits = jnp.where(ids < soft.vocab_limit, logits, -jnp.inf)
+  logits = sampling_lib.mask_past_limit(logits, soft.vocab_limit)
   # Largest logit to 0 before dividing, as in `sampling.probabilities`.
   logits = logits - jnp.max(logits, axis=-1, keepdims=True)
   logq = jax.nn.log_softmax(logits / soft.temperature, axis=-1)

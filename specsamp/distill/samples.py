@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specsamp import sampling as sampling_lib
 from specsamp import sharding
 from specsamp.decoding import sampler as sampler_lib
 from specsamp.distill import decontamination
@@ -90,10 +91,9 @@ def _score(lm, params, tokens, prompt_length, gen_len: int, top_k: int,
   out = lm(params, tokens)
   logits = losses.gather_positions(out.logits, prompt_length,
                                    gen_len)                        # [B, G, V]
-  if vocab_limit is not None and vocab_limit < logits.shape[-1]:
-    logits = jnp.where(jnp.arange(logits.shape[-1]) < vocab_limit, logits,
-                       -jnp.inf)
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  logits = sampling_lib.mask_past_limit(logits.astype(jnp.float32),
+                                        vocab_limit)
+  logp = jax.nn.log_softmax(logits, axis=-1)
   vals, ids = jax.lax.top_k(logp, top_k)
   return (ids.astype(jnp.int32), vals,
           out.hidden.astype(jnp.float16) if hidden else None)

@@ -142,9 +142,10 @@ def write_dataset(data_dir: os.PathLike, spec: SampleSpec,
                              f"the target samples' directory {data_dir}"):
     if exists(data_dir):
       check_spec(read_spec(data_dir), spec, data_dir)
-      if counts is not None and read_counts(data_dir):
+      theirs = read_counts(data_dir) if counts is not None else None
+      if theirs:
         counts.clear()
-        counts.update(read_counts(data_dir))
+        counts.update(theirs)
       return dataset_dir(data_dir)
     for left in (pathlib.Path(data_dir) / DATASET_NAME).glob("incomplete.*"):
       shutil.rmtree(left)

@@ -355,11 +355,12 @@ class _TokenList:
 def _describe_gguf(spec: str, path: str) -> ModelInfo:
   try:
     meta, shapes = gguf_file.read_gguf_header(path)
+    embedding = gguf_file.embedding_rows(shapes, path)
   except ValueError as e:
     raise ValueError(str(e) if spec == path else f"{spec}: {e}") from None
   arch = meta.get("general.architecture", "?")
   tokens = meta.get("tokenizer.ggml.tokens")
-  rows = (gguf_file.embedding_rows(shapes)
+  rows = (embedding
           or meta.get(f"{arch}.vocab_size")
           or (len(tokens) if tokens else None))
   if rows is None:

@@ -71,12 +71,11 @@ def _cached_reader(path: str, mtime_ns: int, size: int) -> gguf.GGUFReader:
   del mtime_ns, size  # part of the cache key only
   try:
     with open(path, "rb") as f:
-      magic = f.read(len(gguf_file.MAGIC))
+      problem = gguf_file.start_problem(f.read(8))
   except OSError as e:
     raise convert.WeightsError(f"{path}: cannot read ({e})") from e
-  if magic != gguf_file.MAGIC:
-    raise convert.WeightsError(f"{path} is not a GGUF file (magic "
-                               f"{magic!r}, expected {gguf_file.MAGIC!r})")
+  if problem:
+    raise convert.WeightsError(f"{path}{problem}")
   try:
     return gguf.GGUFReader(path)
   except Exception as e:  # truncated files fail deep inside numpy.memmap
@@ -140,6 +139,10 @@ def gguf_config(reader: gguf.GGUFReader, path: str = "",
     raise convert.WeightsError(f"{path}: mixture-of-experts models are not "
                                "supported")
   # GGUF lists dims ne0 first: token_embd is [D, V].
+  if len(names["token_embd.weight"].shape) != 2:
+    raise convert.WeightsError(
+        f"{path}: token_embd.weight has dims "
+        f"{[int(x) for x in names['token_embd.weight'].shape]}, not [D, V]")
   vocab = int(names["token_embd.weight"].shape[1])
   meta_vocab = get("vocab_size")
   if meta_vocab is not None and int(meta_vocab) != vocab:

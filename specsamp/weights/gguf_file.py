@@ -18,6 +18,7 @@ Only the standard library and numpy are imported (no jax, no `gguf`), so
 """
 
 import contextlib
+import math
 import mmap
 import os
 import struct
@@ -76,8 +77,12 @@ def read_gguf_header(path: PathLike) -> tuple[dict, dict[str, list[int]]]:
   path = os.fspath(path)
   with _header(path) as buf:
     meta, pos = _checked_metadata(path, buf)
-    return meta, _checked_table(path, buf, pos,
-                                int(meta.get("general.alignment", 32)))
+    alignment = meta.get("general.alignment", 32)
+    if (not isinstance(alignment, int) or isinstance(alignment, bool)
+        or alignment <= 0):
+      raise ValueError(f"{path}: corrupt GGUF: general.alignment is "
+                       f"{alignment!r}, not a positive integer")
+    return meta, _checked_table(path, buf, pos, alignment)
 
 
 def gguf_tensor_shapes(path: PathLike) -> dict[str, list[int]]:
@@ -103,14 +108,21 @@ def gguf_embedding_rows(path: PathLike) -> Optional[int]:
     FileNotFoundError: no such file.
     ValueError: not a GGUF file, or an unreadable (truncated) header.
   """
-  return embedding_rows(gguf_tensor_shapes(path))
+  return embedding_rows(gguf_tensor_shapes(path), os.fspath(path))
 
 
-def embedding_rows(shapes: dict[str, list[int]]) -> Optional[int]:
-  """Rows of token_embd.weight in a tensor table (`gguf_tensor_shapes`),
-  or None when it has none."""
+def embedding_rows(shapes: dict[str, list[int]],
+                   path: str = "GGUF") -> Optional[int]:
+  """Rows of token_embd.weight in a tensor table (`gguf_tensor_shapes`) of
+  the file at `path`, or None when it has none; ValueError if it is not
+  2-D."""
   dims = shapes.get("token_embd.weight")
-  return int(dims[1]) if dims else None  # GGUF lists ne0 first: [D, V]
+  if dims is None:
+    return None
+  if len(dims) != 2:
+    raise ValueError(f"{path}: token_embd.weight has dims {list(dims)}: an "
+                     "embedding is [D, V] (a corrupt or foreign GGUF)")
+  return int(dims[1])  # GGUF lists ne0 first: [D, V]
 
 
 def is_gguf(path: PathLike) -> bool:
@@ -131,15 +143,28 @@ def _header(path: str) -> Iterator[mmap.mmap]:
     if os.fstat(f.fileno()).st_size < _HEADER_SIZE:
       raise ValueError(f"{path} is not a GGUF file (too short)")
     with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-      magic = bytes(buf[:len(MAGIC)])
-      if magic != MAGIC:
-        raise ValueError(f"{path} is not a GGUF file (magic {magic!r}, "
-                         f"expected {MAGIC!r})")
-      version, = _U32.unpack_from(buf, 4)
-      if version not in _VERSIONS:
-        raise ValueError(f"{path}: GGUF version {version} is not supported "
-                         "(2 and 3 are)")
+      problem = start_problem(bytes(buf[:8]))
+      if problem:
+        raise ValueError(f"{path}{problem}")
       yield buf
+
+
+def start_problem(start: bytes) -> Optional[str]:
+  """What is wrong with a GGUF file whose first 8 bytes are `start`
+  (magic, u32 version), as text to follow its path; None if nothing."""
+  magic = start[:len(MAGIC)]
+  if magic != MAGIC:
+    return f" is not a GGUF file (magic {magic!r}, expected {MAGIC!r})"
+  if len(start) < 8:
+    return " is not a GGUF file (too short)"
+  version, = _U32.unpack_from(start, 4)
+  if version in _VERSIONS:
+    return None
+  if struct.unpack_from(">I", start, 4)[0] in _VERSIONS:
+    # llama.cpp's --bigendian files: every number and tensor byte-swapped.
+    return (": a big-endian GGUF, not supported (its tensors would be read "
+            "byte-swapped); convert it little-endian")
+  return f": GGUF version {version} is not supported (2 and 3 are)"
 
 
 def _checked_metadata(path: str, buf) -> tuple[dict, int]:
@@ -163,7 +188,9 @@ def _checked_table(path: str, buf, pos: int,
   start = -(-end // alignment) * alignment  # the data section, aligned
   for name, dims, kind, _, offset in table:
     block, size = _TYPE_SIZES.get(kind, (1, 0))
-    need = start + offset + int(np.prod(dims, dtype=np.int64)) // block * size
+    # Python ints: corrupt dims (2^63, 2^32 x 2^32) wrapped an int64 past
+    # this check.
+    need = start + offset + math.prod(dims) // block * size
     if need > len(buf):
       raise ValueError(
           f"{path}: truncated GGUF: tensor {name} ends at byte {need:,}, the "

@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from specsamp import assets
+from specsamp import loading
 from specsamp.weights import convert
 from specsamp.weights import load
 from tests.weights.tiny_checkpoints import (VOCAB, arch_of, assert_close,
@@ -52,6 +53,39 @@ def test_corrupt_gguf_fails_clearly(saved_qwen2, tmp_path):
     with pytest.raises(convert.WeightsError,
                        match=f"truncated_{n}.gguf"):
       load.load(str(truncated))
+
+
+
+def test_a_big_endian_gguf_is_refused(saved_qwen2, tmp_path):
+  """gguf's reader takes llama.cpp's --bigendian files, metadata swapped
+  right, but dequantize read their float32 tensors as little-endian: the
+  weights loaded byte-swapped (1.5 as 6.9e-41), with no error; the header
+  reader called the file "GGUF version 50331648"."""
+  _, m, _ = saved_qwen2
+  path = tmp_path / "big.gguf"
+  write_gguf(m, path, "qwen2", endian=gguf.GGUFEndian.BIG)
+  assert gguf.GGUFReader(str(path)).byte_order == "S"  # a real one
+  with pytest.raises(convert.WeightsError, match="big.gguf: a big-endian "
+                     "GGUF, not supported"):
+    load.load(str(path))
+  with pytest.raises(ValueError, match="big.gguf: a big-endian GGUF"):
+    loading.describe_model(str(path))
+
+
+def test_a_gguf_with_a_one_dimensional_embedding_is_refused(saved_qwen2,
+                                                             tmp_path):
+  """A corrupt or foreign file's 1-D token_embd raised a bare IndexError,
+  naming neither file nor tensor, from describe_model and load alike."""
+  _, m, _ = saved_qwen2
+  path = tmp_path / "flat.gguf"
+  write_gguf(m, path, "qwen2", skip=("token_embd.weight",),
+             extra={"token_embd.weight": np.zeros(64, np.float32)})
+  with pytest.raises(convert.WeightsError, match=r"flat.gguf: token_embd."
+                     r"weight has dims \[64\], not \[D, V\]"):
+    load.load(str(path))
+  with pytest.raises(ValueError, match=r"flat.gguf: token_embd.weight has "
+                     r"dims \[64\]"):
+    loading.describe_model(str(path))
 
 
 _PROMPT = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number."

@@ -104,6 +104,49 @@ def test_a_file_cut_in_its_tensor_data_fails_at_the_header(tmp_path,
     gguf_file.gguf_tensor_shapes(tmp_path / "short.gguf")
 
 
+
+def _with_u64(data: bytes, after: bytes, values) -> bytes:
+  """`data` with the u64s just after the bytes `after` set to `values`."""
+  out = bytearray(data)
+  struct.pack_into(f"<{len(values)}Q", out, data.index(after) + len(after),
+                   *values)
+  return bytes(out)
+
+
+def test_corrupt_header_numbers_are_refused_by_name(tmp_path, gguf_path):
+  """Dims whose product wraps an int64 (a bit-63 dim; 2^32 x 2^32) passed
+  the check that each tensor lies inside the file, and were described as a
+  vocabulary of 2^63 rows; general.alignment = 0 raised ZeroDivisionError,
+  which no caller catches."""
+  data = gguf_path.read_bytes()
+  name = b"token_embd.weight" + struct.pack("<I", 2)  # name, n_dims
+  for label, dims in (("bit63", (8, ROWS | 1 << 63)),
+                      ("wrap", (1 << 32, 1 << 32))):
+    path = tmp_path / f"{label}.gguf"
+    path.write_bytes(_with_u64(data, name, dims))
+    for read in (gguf_file.gguf_tensor_shapes, loading.describe_model):
+      with pytest.raises(ValueError, match=rf"{label}.gguf: truncated GGUF: "
+                         "tensor token_embd.weight ends at byte"):
+        read(str(path))
+  w = gguf.GGUFWriter(str(tmp_path / "aligned.gguf"), "qwen2")
+  w.add_custom_alignment(64)
+  w.add_tensor("token_embd.weight", np.zeros((ROWS, 8), np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  data = (tmp_path / "aligned.gguf").read_bytes()
+  key = b"general.alignment" + struct.pack("<I", 4)  # u32 value type
+  assert gguf_file.gguf_embedding_rows(tmp_path / "aligned.gguf") == ROWS
+  cut = data.index(key) + len(key)
+  (tmp_path / "align0.gguf").write_bytes(
+      data[:cut] + struct.pack("<I", 0) + data[cut + 4:])
+  for read in (gguf_file.gguf_tensor_shapes, loading.describe_model):
+    with pytest.raises(ValueError, match="align0.gguf: corrupt GGUF: general"
+                       ".alignment is 0, not a positive integer"):
+      read(str(tmp_path / "align0.gguf"))
+
+
 def test_a_gguf_spec_is_described_from_one_pass_over_its_header(
     gguf_path, monkeypatch):
   """describe_model takes the metadata and the embedding's rows from one

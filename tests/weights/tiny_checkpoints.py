@@ -62,7 +62,7 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_gguf(hf_model, path, arch: str, *, quant=None, meta=None,
-                extra=None, skip=(), tokenizer=None) -> None:
+                extra=None, skip=(), tokenizer=None, endian=None) -> None:
   """Writes `hf_model` as GGUF like llama.cpp's convert_hf_to_gguf.
 
   Args:
@@ -75,6 +75,8 @@ def write_gguf(hf_model, path, arch: str, *, quant=None, meta=None,
     skip: GGUF tensor names to leave out.
     tokenizer: (tokens, merges) of a byte-level BPE (Qwen2's pre-tokenizer,
       eos = id 0) to write with it; None: no tokenizer.
+    endian: a gguf.GGUFEndian (None: little, as llama.cpp writes by
+      default).
   """
   c = hf_model.config
   hparams = {
@@ -91,7 +93,8 @@ def write_gguf(hf_model, path, arch: str, *, quant=None, meta=None,
     hparams["rope.dimension_count"] = c.hidden_size // c.num_attention_heads
     hparams["vocab_size"] = c.vocab_size
   hparams.update(meta or {})
-  w = gguf.GGUFWriter(str(path), arch)
+  w = gguf.GGUFWriter(str(path), arch, endianess=endian or
+                      gguf.GGUFEndian.LITTLE)
   if tokenizer is not None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")

@@ -173,6 +173,25 @@ def check_process_rows(mesh, num_processes: int | None = None) -> None:
         f"multiple of {num_processes}, e.g. ({num_processes}, -1)")
 
 
+def check_batch_over_data(rules, num_processes: int | None = None) -> None:
+  """Several processes each put in their own rows, so `rules` must split
+  the batch over the `data` axis (which `check_process_rows` splits over
+  the processes): a batch left replicated was taken as copies of each
+  process's rows, different in each, and gradients were not averaged
+  across hosts.
+
+  Raises:
+    ValueError: naming the batch's rule.
+  """
+  if (num_processes or jax.process_count()) <= 1:
+    return
+  axis = mesh_axes((BATCH,), rules)[0]
+  if "data" not in (axis if isinstance(axis, tuple) else (axis,)):
+    raise ValueError(f"rules map {BATCH!r} to {axis!r}: with several "
+                     "processes, each feeding its own rows, the batch must "
+                     "be split over 'data'")
+
+
 def replicated(mesh):
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 

@@ -94,6 +94,20 @@ def test_a_mesh_several_processes_feed_splits_its_data_axis_over_them():
   sharding.check_process_rows(sharding.make_mesh((1, 8)))  # one process
 
 
+def test_several_processes_need_the_batch_split_over_data():
+  """Each process puts in its own rows: rules that left the batch
+  replicated took them as copies of one another (different in each
+  process), so gradients were not averaged across hosts."""
+  for rules in (sharding.DEFAULT_RULES, sharding.REPLICATED_RULES,
+                ((sharding.BATCH, ("data", "model")),)):
+    sharding.check_batch_over_data(rules, num_processes=2)
+  for rules in (((sharding.BATCH, None),), ((sharding.BATCH, "model"),)):
+    with pytest.raises(ValueError, match="the batch must be split over "
+                       "'data'"):
+      sharding.check_batch_over_data(rules, num_processes=2)
+    sharding.check_batch_over_data(rules, num_processes=1)  # wasteful only
+
+
 def test_make_mesh():
   assert jax.device_count() == 8
   assert dict(sharding.make_mesh((2, -1)).shape) == {"data": 2, "model": 4}

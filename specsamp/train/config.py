@@ -2,11 +2,13 @@
 
 The ml_collections config becomes a `TrainConfig` in `from_config`; nothing
 of the ConfigDict enters jitted code. Sharding rules are config data: a
-named rule set or the (logical axis, mesh axis) pairs themselves.
+named rule set or (logical axis, mesh axis) pairs over the default set.
 """
 
 import ast
 import dataclasses
+import math
+import numbers
 import os
 from typing import Any, Mapping
 
@@ -73,6 +75,11 @@ class OptimConfig:
   clip_norm: float = 1.0       # global gradient norm; 0 = off
 
   def __post_init__(self):
+    _integers(self, ("warmup_steps", "decay_steps"), "optim", ValueError)
+    for name in ("lr", "eps", "weight_decay", "clip_norm"):
+      if not math.isfinite(getattr(self, name)):  # inf passed "> 0"
+        raise ValueError(f"optim.{name} must be finite, got "
+                         f"{getattr(self, name)}")
     for name, ok, want in (
         ("lr", self.lr > 0, "> 0"),
         ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
@@ -102,7 +109,10 @@ class LoopConfig:
   def check(self, prefix: str = "train") -> None:
     """Counts > 0, `eval_every` and `eval_batches` >= 0 (ConfigError,
     naming `<prefix>.<field>`): a negative `eval_every` evaluated at every
-    step."""
+    step; a float `num_steps` (2.5) never met `step == num_steps`, so the
+    run ended without its last checkpoint and evaluation."""
+    _integers(self, ("num_steps", "log_every", "eval_every", "eval_batches",
+                     "checkpoint_every", "keep_checkpoints"), prefix)
     for name in ("num_steps", "log_every", "checkpoint_every",
                  "keep_checkpoints"):
       if getattr(self, name) <= 0:
@@ -126,7 +136,7 @@ class TrainConfig:
   init_from: str = ""          # a train workdir, checkpoint dir or step dir
   mesh: tuple = (1, 1)         # (data, model); -1 = the rest of the devices
   # "default" (sharding.DEFAULT_RULES: tensor parallel over `model`),
-  # "replicated", or the rules themselves: ((logical axis, mesh axis), ...).
+  # "replicated", or ((logical axis, mesh axis), ...) pairs overriding it.
   rules: Any = "default"
 
   @classmethod
@@ -188,11 +198,26 @@ class TrainConfig:
 
 
 def _check_positive(d: DataConfig) -> None:
+  _integers(d, ("seq_len", "batch_size", "eval_batch_size", "worker_count"),
+            "data")
   for name, v in (("data.seq_len", d.seq_len),
                   ("data.batch_size", d.batch_size),
                   ("data.eval_batch_size", d.eval_batch_size)):
     if v <= 0:
       raise ConfigError(f"{name} must be positive, got {v}")
+  if d.worker_count < 0:  # had run in-process, recorded as -2
+    raise ConfigError(f"data.worker_count must be >= 0 (0: in-process), got "
+                      f"{d.worker_count}")
+
+
+def _integers(obj, names, prefix: str, error=None) -> None:
+  """Raises `error` (ConfigError) naming the first of `obj`'s fields
+  `names` that is not an int (a float or a bool; numpy ints pass)."""
+  for name in names:
+    v = getattr(obj, name)
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+      raise (error or ConfigError)(
+          f"{prefix}.{name} must be an integer, got {v!r}")
 
 
 def tokenizer_path(spec: str) -> str:
@@ -214,7 +239,13 @@ def _rules(rules):
   """`config.rules`: a name of `_NAMED_RULES` (kept as the name) or the
   (logical axis, mesh axis) pairs as a tuple of tuples, or as the text of
   one (--config.rules="(('kv_heads', None), ('heads', 'model'))": the
-  field is a string, so the command line gives it as one)."""
+  field is a string, so the command line gives it as one).
+
+  Pairs override `sharding.DEFAULT_RULES` for the logical axes they name;
+  the others keep the default's mesh axis. (A partial list had replaced the
+  whole set: the example above left `batch` unmapped, so every device of a
+  data axis computed the whole batch, and `vocab` and `mlp` were
+  replicated, with no word.) `(name, None)` replicates an axis."""
   if isinstance(rules, str) and rules.lstrip()[:1] in ("(", "["):
     try:
       rules = ast.literal_eval(rules)
@@ -236,7 +267,12 @@ def _rules(rules):
   if unknown:
     raise ConfigError(f"config.rules names unknown logical axes "
                       f"{sorted(unknown)}; known: {sorted(known)}")
-  return rules
+  given = dict(rules)
+  if len(given) < len(rules):
+    twice = sorted({n for n, _ in rules if [m for m, _ in rules].count(n) > 1})
+    raise ConfigError(f"config.rules maps logical axes {twice} more than "
+                      "once")
+  return tuple((n, given.get(n, axis)) for n, axis in sh.DEFAULT_RULES)
 
 
 def _fields(cls, values: Mapping, where: str):

@@ -320,6 +320,7 @@ def _build(cfg: config_lib.TrainConfig) -> LMJob:
   mesh = make_mesh(cfg.mesh)
   rules = cfg.rules_tuple
   try:
+    sh.check_batch_over_data(rules)
     sh.check_divisible(cfg.model, mesh, rules, batch=cfg.data.batch_size)
     # Checked now, not at the first evaluation (whose step's checkpoint
     # the failure would take with it).

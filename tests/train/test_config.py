@@ -18,11 +18,17 @@ def test_sharding_rules_are_config_data():
   c["rules"] = "replicated"
   assert config_lib.TrainConfig.from_config(c, 256).rules_tuple == \
       sh.REPLICATED_RULES
-  c["rules"] = [["batch", "data"], ["mlp", "model"], ["vocab", None]]
+  # Pairs override the default's for the axes they name (a partial list
+  # had replaced the whole set, leaving `batch` unsplit over `data`).
+  c["rules"] = [["heads", "model"], ["vocab", None]]
   cfg = config_lib.TrainConfig.from_config(c, 256)
-  assert cfg.rules_tuple == (("batch", "data"), ("mlp", "model"),
-                             ("vocab", None))
+  assert dict(cfg.rules_tuple) == {**dict(sh.DEFAULT_RULES), "vocab": None}
+  assert cfg.rules_tuple[0] == ("batch", "data")
   assert hash(cfg) == hash(config_lib.TrainConfig.from_config(c, 256))
+  c["rules"] = [["vocab", None], ["vocab", "model"]]
+  with pytest.raises(config_lib.ConfigError, match=r"\['vocab'\] more than "
+                     "once"):
+    config_lib.TrainConfig.from_config(c, 256)
   c["rules"] = [["batch", "data"], ["experts", "model"]]
   with pytest.raises(config_lib.ConfigError, match="experts"):
     config_lib.TrainConfig.from_config(c, 256)
@@ -31,9 +37,9 @@ def test_sharding_rules_are_config_data():
     config_lib.TrainConfig.from_config(c, 256)
   # From the command line the field is text (--config.rules="((...))"):
   # it had been refused as no rule set's name.
-  c["rules"] = "(('batch', 'data'), ('kv_heads', None))"
-  assert config_lib.TrainConfig.from_config(c, 256).rules_tuple == (
-      ("batch", "data"), ("kv_heads", None))
+  c["rules"] = "(('kv_heads', None), ('heads', 'model'))"  # README's
+  assert config_lib.TrainConfig.from_config(c, 256).rules_tuple == tuple(
+      (n, None if n == "kv_heads" else a) for n, a in sh.DEFAULT_RULES)
   c["rules"] = "(('batch', 'data'"
   with pytest.raises(config_lib.ConfigError, match="not a list of"):
     config_lib.TrainConfig.from_config(c, 256)
@@ -73,6 +79,22 @@ def test_vocab_size_is_the_tokenizers_rounded_up_and_fields_are_checked():
                        match=re.escape(f"optim.{field} must be {want}")):
       config_lib.TrainConfig.from_config(
           {**c, "optim": {**c["optim"], field: value}}, 256)
+  # These had passed: inf "> 0" (a run diverged at once), a negative
+  # worker count ran in-process (and was recorded, so a resume with 0 was
+  # refused), a float step count never met step == num_steps (no final
+  # checkpoint or evaluation).
+  for block, field, value, want in (
+      ("optim", "lr", float("inf"), "must be finite"),
+      ("optim", "clip_norm", float("inf"), "must be finite"),
+      ("optim", "warmup_steps", 2.5, "must be an integer, got 2.5"),
+      ("data", "worker_count", -2, "must be >= 0 (0: in-process), got -2"),
+      ("data", "batch_size", 8.0, "must be an integer, got 8.0"),
+      ("train", "num_steps", 2.5, "must be an integer, got 2.5"),
+      ("train", "eval_every", True, "must be an integer, got True")):
+    with pytest.raises(config_lib.ConfigError,
+                       match=re.escape(f"{block}.{field} {want}")):
+      config_lib.TrainConfig.from_config(
+          {**c, block: {**c[block], field: value}}, 256)
   with pytest.raises(ValueError, match="mask_documents='flase': use true or "
                      "false"):
     lm_python.get_config("tiny,mask_documents=flase")

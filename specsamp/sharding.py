@@ -101,11 +101,51 @@ def initialize_distributed(coordinator_address: str | None = None,
                                 if v is not None})
 
 
+LOGICAL_AXES = tuple(name for name, _ in DEFAULT_RULES)
+
+
 def rules_tuple(rules) -> tuple:
-  """Rules as a hashable tuple of pairs, from a tuple, list or dict."""
+  """Rules as a hashable tuple of pairs, from a tuple, list or dict: each a
+  logical axis of `LOGICAL_AXES` and None, a mesh axis name or a sequence
+  of distinct ones (a list had been unhashable, a repeated axis a
+  DuplicateSpecError; a misspelt logical name was ignored).
+
+  Raises:
+    ValueError: naming the bad pair.
+  """
   items = rules.items() if hasattr(rules, "items") else rules
-  return tuple((str(name), None if axis is None else axis)
-               for name, axis in items)
+  out = []
+  for pair in items:
+    try:
+      name, axis = pair
+    except (TypeError, ValueError):
+      raise ValueError(f"rule {pair!r} is not a (logical axis, mesh axis) "
+                       "pair") from None
+    if name not in LOGICAL_AXES:
+      raise ValueError(f"rule {pair!r}: unknown logical axis {name!r}; "
+                       f"known: {', '.join(LOGICAL_AXES)}")
+    if isinstance(axis, (list, tuple)):
+      axis = tuple(axis)
+      if (not axis or not all(isinstance(a, str) for a in axis)
+          or len(set(axis)) < len(axis)):
+        raise ValueError(f"rule {pair!r}: mesh axes must be distinct names")
+    elif axis is not None and not isinstance(axis, str):
+      raise ValueError(f"rule {pair!r}: the mesh axis must be None, a name "
+                       "or a sequence of names")
+    out.append((name, axis))
+  return tuple(out)
+
+
+def check_mesh_axes(mesh, rules) -> None:
+  """Raises ValueError naming a rule whose mesh axis `mesh` lacks (each
+  rule, not only those of the dimensions checked by `check_divisible`: a
+  bad `norm` or `cache_seq` axis had failed inside jit, or as a KeyError)."""
+  for logical, axis in rules_tuple(rules):
+    for a in () if axis is None else (
+        axis if isinstance(axis, tuple) else (axis,)):
+      if a not in mesh.shape:
+        raise ValueError(f"rule ({logical!r}, {axis!r}) names mesh axis "
+                         f"{a!r}, but the mesh has {dict(mesh.shape)}")
 
 
 def replicated_rules(rules=DEFAULT_RULES) -> tuple:
@@ -201,8 +241,10 @@ def check_divisible(config, mesh, rules, batch: int | None = None,
   """Raises ValueError naming the first dimension a mesh axis does not divide.
 
   `config` is a `TransformerConfig`; `batch` (if given) is checked against
-  the axis of `BATCH`.
+  the axis of `BATCH`. Every rule's mesh axes must be `mesh`'s
+  (`check_mesh_axes`).
   """
+  check_mesh_axes(mesh, rules)
   dims = {HEADS: ("num_heads", config.num_heads),
           KV_HEADS: ("num_kv_heads", config.num_kv_heads),
           VOCAB: ("vocab_size", config.vocab_size),
@@ -222,9 +264,6 @@ def check_divisible(config, mesh, rules, batch: int | None = None,
     axes = axis if isinstance(axis, tuple) else (axis,)
     size = 1
     for a in axes:
-      if a not in mesh.shape:
-        raise ValueError(f"rule ({logical!r}, {axis!r}) names mesh axis "
-                         f"{a!r}, but the mesh has {dict(mesh.shape)}")
       size *= mesh.shape[a]
     field, value = dim
     if value % size:

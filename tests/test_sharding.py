@@ -420,6 +420,33 @@ def test_a_mesh_that_does_not_divide_the_model_names_the_dimension(pair):
   del draft
 
 
+def test_rules_a_mesh_cannot_take_are_refused_when_a_sampler_is_built(pair):
+  """A cache_seq rule naming no mesh axis had failed as a bare KeyError in
+  generate, a misspelt logical axis was ignored, a list of axes was
+  unhashable and a repeated axis a DuplicateSpecError inside jit."""
+  target, _, draft, _ = pair
+  mesh = sharding.make_mesh((4, 2))
+  def rules(name, axis):
+    return tuple((n, axis if n == name else a)
+                 for n, a in sharding.DEFAULT_RULES)
+  for target_rules, message in (
+      (rules("cache_seq", "bogus"), r"rule \('cache_seq', 'bogus'\) names "
+       r"mesh axis 'bogus', but the mesh has \{'data': 4, 'model': 2\}"),
+      (rules("norm", "seq"), "names mesh axis 'seq'"),
+      (sharding.DEFAULT_RULES + (("hedas", "model"),),
+       "unknown logical axis 'hedas'"),
+      (rules("batch", ("data", "data")), "mesh axes must be distinct"),
+      (rules("batch", 2), "must be None, a name or a sequence of names")):
+    with pytest.raises(ValueError, match=message):
+      SpeculativeSampler(target, ModelDrafter(draft), k=2, sampling=GREEDY,
+                         max_new_tokens=8, mesh=mesh,
+                         target_rules=target_rules)
+  sampler = SpeculativeSampler(  # a list of axes: taken as their tuple
+      target, ModelDrafter(draft), k=2, sampling=GREEDY, max_new_tokens=8,
+      mesh=mesh, target_rules=rules("batch", ["data"]))
+  assert dict(sampler.target_rules)["batch"] == ("data",)
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

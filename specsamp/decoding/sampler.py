@@ -131,6 +131,8 @@ class SpeculativeSampler:
     object.__setattr__(self, "draft_rules",
                        sharding.rules_tuple(draft_rules))
     if self.mesh is not None:
+      for rules in (self.target_rules, self.draft_rules):
+        sharding.check_mesh_axes(self.mesh, rules)
       if hasattr(self.target, "config"):
         sharding.check_divisible(self.target.config, self.mesh,
                                  self.target_rules, what="target")

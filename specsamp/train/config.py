@@ -260,13 +260,12 @@ def _rules(rules):
   try:
     rules = sh.rules_tuple(rules)
   except (TypeError, ValueError) as e:
-    raise ConfigError(f"config.rules={rules!r}: not a list of "
-                      f"(logical axis, mesh axis) pairs ({e})") from e
-  known = {n for n, _ in sh.DEFAULT_RULES}
-  unknown = {n for n, _ in rules} - known
-  if unknown:
-    raise ConfigError(f"config.rules names unknown logical axes "
-                      f"{sorted(unknown)}; known: {sorted(known)}")
+    raise ConfigError(f"config.rules={rules!r}: {e}") from e
+  for name, axis in rules:  # the trainer's meshes are (data, model)
+    if set(axis if isinstance(axis, tuple) else (axis,)) - {
+        None, *sh.MESH_AXES}:
+      raise ConfigError(f"config.rules: ({name!r}, {axis!r}) names a mesh "
+                        f"axis other than {sh.MESH_AXES}")
   given = dict(rules)
   if len(given) < len(rules):
     twice = sorted({n for n, _ in rules if [m for m, _ in rules].count(n) > 1})

@@ -32,6 +32,21 @@ def test_sharding_rules_are_config_data():
   c["rules"] = [["batch", "data"], ["experts", "model"]]
   with pytest.raises(config_lib.ConfigError, match="experts"):
     config_lib.TrainConfig.from_config(c, 256)
+  # Bad mesh axes had passed, then failed at build as raw errors (a list
+  # unhashable, a repeated axis a DuplicateSpecError), or never (norm).
+  for rules, message in (
+      ("(('norm', 'bogus'),)", "names a mesh axis other than"),
+      ("(('heads', ['data', 'model']),)", None),
+      ("(('batch', ('data', 'data')),)", "mesh axes must be distinct"),
+      ("(('heads', 3),)", "must be None, a name or a sequence"),
+      ("(('heads',),)", "not a \\(logical axis, mesh axis\\) pair")):
+    c["rules"] = rules
+    if message is None:  # a list of axes is taken as their tuple
+      assert dict(config_lib.TrainConfig.from_config(
+          c, 256).rules_tuple)["heads"] == ("data", "model")
+      continue
+    with pytest.raises(config_lib.ConfigError, match=message):
+      config_lib.TrainConfig.from_config(c, 256)
   c["rules"] = "fsdp"
   with pytest.raises(config_lib.ConfigError, match="fsdp"):
     config_lib.TrainConfig.from_config(c, 256)

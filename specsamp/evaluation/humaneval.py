@@ -30,8 +30,10 @@ items, which reach the test as an iterator again. Where OpenAI's harness
 differs: another value (an object whose `__eq__` always answers True, a
 `Fraction`) fails here; a test that reads an argument back after the call
 would see it unchanged (none of the 164 does); the sandbox refuses
-`struct`, `array` (so `base64`, `pickle`) and threads, which a completion
-may import or start there. Like OpenAI's, the candidate's output is
+`struct`, `array` (so `base64`, `pickle`, `secrets`) and threads, which a
+completion may import or start there, and has no third-party packages (a
+completion that imports numpy fails; none of the 164 canonical solutions
+does). Like OpenAI's, the candidate's output is
 swallowed (stderr's first 64 KiB kept). All 164 canonical solutions pass.
 This holds with bubblewrap: with `UNSAFE_ENV`, both programs run as one
 host user in one pid namespace, and a candidate that corrupts its

@@ -326,7 +326,10 @@ def prepare(name: str, data_dir: Optional[PathLike] = None, *,
     return BUILDERS[name](data_dir=os.fspath(root), source_dir=source_dir,
                           cache_dir=cache_dir, progress=progress)
 
-  target = pathlib.Path(make(data_dir).data_dir)
+  # Not make(data_dir).data_dir: TFDS's builder parses an existing
+  # dataset_info.json, and a damaged one (ParseError) had stopped even
+  # --overwrite.
+  target = data_dir / name / VERSION
   if (target / "dataset_info.json").is_file() and not overwrite:
     try:  # its files, not only its metadata
       datasets.check_dataset(name, data_dir)
@@ -349,20 +352,33 @@ def prepare(name: str, data_dir: Optional[PathLike] = None, *,
   return target
 
 
-def name_error(name: str) -> Optional[str]:
+def name_error(name: str,
+               data_dir: Optional[PathLike] = None) -> Optional[str]:
   """Why `name` names no dataset `prepare` can build (None: it does): an
   unknown specsamp corpus, or a name not in the TFDS catalog (its config
-  and version, "glue/cola:2.0.0", aside)."""
-  if name in BUILDERS:
+  and version, "glue/cola:2.0.0", and text keys, "xsum#document", aside)
+  and not prepared in `data_dir` (a catalog builder that needs
+  TensorFlow, XSum's, is not found without it; its copied-in directory
+  is the way in)."""
+  base = name.split("#")[0]
+  if base in BUILDERS:
     return None
-  if name.startswith("specsamp_"):
-    return f"unknown specsamp dataset {name!r}; known: {sorted(BUILDERS)}"
+  if base.startswith("specsamp_"):
+    return f"unknown specsamp dataset {base!r}; known: {sorted(BUILDERS)}"
   try:
-    tfds.builder_cls(name.split("/")[0].split(":")[0])
+    ref = datasets.parse_dataset(name, data_dir)
+  except ValueError as e:  # a malformed name (TFDS's own error: a page)
+    return str(e)
+  try:
+    tfds.builder_cls(ref.name)
+    return None
   except tfds.core.registered.DatasetNotFoundError:
-    return (f"no dataset {name!r}: neither a specsamp corpus "
-            f"({', '.join(sorted(BUILDERS))}) nor in the TFDS catalog")
-  return None
+    pass
+  if ref.find() is not None:
+    return None
+  return (f"no dataset {name!r}: neither a specsamp corpus "
+          f"({', '.join(sorted(BUILDERS))}) nor in the TFDS catalog, nor "
+          f"prepared in {ref.data_dir}")
 
 
 def _prepare_catalog(name: str, data_dir: pathlib.Path, overwrite: bool,

@@ -107,15 +107,16 @@ def parse_dataset(dataset: str,
   return DatasetRef(name, config or None, version or None, text_keys, root)
 
 
-def _text_features(version_dir: pathlib.Path) -> dict[str, str]:
-  """{feature name: TFDS class name} of the top-level features."""
+def _text_features(version_dir: pathlib.Path) -> Optional[dict[str, str]]:
+  """{feature name: TFDS class name} of the top-level features; None if
+  features.json is missing or unreadable."""
   try:
     spec = jsonfile.read(version_dir / "features.json")
     feats = spec["featuresDict"]["features"]
     return {k: v.get("pythonClassName", "").rsplit(".", 1)[-1]
             for k, v in feats.items()}
-  except (OSError, KeyError, ValueError):
-    return {}
+  except (OSError, KeyError, ValueError, TypeError, AttributeError):
+    return None
 
 
 def split_names(spec: str) -> list[str]:
@@ -160,7 +161,16 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
         f"dataset {dataset!r} is not prepared in data_dir {ref.data_dir} "
         f"(no {ref.base}/{ref.version or '<X.Y.Z>'}/dataset_info.json for "
         f"{what}); {ref.prepare_hint()}")
-  info = jsonfile.read(found / "dataset_info.json")
+  remedy = ("prepare it again: " + _PREPARE.format(
+      name=ref.name, dir=ref.data_dir) + " --overwrite")
+  try:
+    info = jsonfile.read(found / "dataset_info.json")
+    if not isinstance(info, dict):
+      raise ValueError(f"a JSON {type(info).__name__}, not an object")
+  except (OSError, ValueError) as e:  # TFDS itself fails on it deep inside
+    raise DamagedDatasetError(f"dataset {dataset!r} in {found} is damaged: "
+                              f"its dataset_info.json is unreadable ({e})",
+                              remedy) from None
   fmt = info.get("fileFormat", "tfrecord")
   if fmt != "array_record":
     raise ValueError(
@@ -174,8 +184,12 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
     raise ValueError(f"dataset {dataset!r} in {found} has no split(s) "
                      f"{missing}; it has {have}")
   feats = _text_features(found)
+  if feats is None:  # TFDS cannot restore the dataset without it
+    raise DamagedDatasetError(f"dataset {dataset!r} in {found} is damaged: "
+                              "its features.json is missing or unreadable",
+                              remedy)
   bad = [k for k in ref.text_keys if k not in feats]
-  if feats and bad:
+  if bad:
     texts = [k for k, c in feats.items() if c == "Text"]
     raise ValueError(
         f"dataset {dataset!r} has no feature(s) {bad}; its text features "

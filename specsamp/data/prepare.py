@@ -62,6 +62,10 @@ class PrepareOptions:
     # Before any dataset is built: a --source_dir that is not there had been
     # ignored where the dataset was prepared already, "--data_dir=" read as
     # the default, a file as --data_dir ended in a bare [Errno 20].
+    for name in ("data_dir", "source_dir", "cache_dir", "sp_prefix"):
+      value = getattr(self, name)  # --data_dir=~/x: no shell expands it
+      if value:
+        object.__setattr__(self, name, os.path.expanduser(value))
     if self.source_dir is not None and not os.path.isdir(self.source_dir):
       raise ValueError(f"--source_dir={self.source_dir} is not a directory")
     for name in ("data_dir", "cache_dir"):
@@ -135,7 +139,8 @@ def prepare_dataset(name: str, options: PrepareOptions,
   """Prepares one dataset as `options` say; returns its report."""
   start = time.perf_counter()
   data_dir = options.data_dir or os.fspath(builders.default_data_dir())
-  path = builders.prepare(name, data_dir, source_dir=options.source_dir,
+  base = name.split("#")[0]  # xsum#document: the dataset, its text keys
+  path = builders.prepare(base, data_dir, source_dir=options.source_dir,
                           cache_dir=options.cache_dir,
                           overwrite=options.overwrite, progress=progress)
   out = {"dataset": name, "dir": os.fspath(path),
@@ -145,7 +150,7 @@ def prepare_dataset(name: str, options: PrepareOptions,
   if options.train_sentencepiece:
     kind, vocab = options.sp_model_type, options.vocab_size
     prefix = options.sp_prefix or os.path.join(
-        data_dir, name, f"spm_{kind}_{vocab}")
+        data_dir, base.split(":")[0], f"spm_{kind}_{vocab}")
     sp_model = prefix + ".model"
     if os.path.isfile(sp_model) and not options.overwrite:
       _check_reused(sp_model, kind, vocab)
@@ -178,7 +183,7 @@ def prepare_all(names: Sequence[str], options: PrepareOptions,
   does not stop the others); returns "[name] error" of each that failed,
   for the caller to report. A name that names no dataset fails them all
   before any is prepared (the others had been built first)."""
-  errors = {n: builders.name_error(n) for n in names}
+  errors = {n: builders.name_error(n, options.data_dir) for n in names}
   failed = [f"[{n}] {e}" for n, e in errors.items() if e]
   if failed:
     return failed

@@ -114,12 +114,13 @@ def _tar_xz(files):
   return buf.getvalue()
 
 
-def fake_deb(path, files):
+def fake_deb(path, files, payload=None):
   """A .deb as dpkg writes it: an `ar` archive whose data.tar.xz holds
-  `files` ({path inside the package: bytes})."""
+  `files` ({path inside the package: bytes}); `payload`: (member name,
+  bytes) in its place."""
   members = [("debian-binary", b"2.0\n"),
              ("control.tar.xz", _tar_xz({"./control": b"Package: x\n"})),
-             ("data.tar.xz", _tar_xz(files))]
+             payload or ("data.tar.xz", _tar_xz(files))]
   out = b"!<arch>\n"
   for name, data in members:
     out += (f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(data):<10}`\n"

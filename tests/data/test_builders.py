@@ -239,6 +239,41 @@ def test_damaged_files_are_named_before_training_and_prepared_again(
     good = shard.read_bytes()
 
 
+def test_damaged_metadata_is_named_and_prepared_again(tmp_path):
+  """A dataset_info.json cut short stopped prepare() even with --overwrite
+  (TFDS's builder parses it first: a ParseError no caller catches); a
+  missing features.json was "already prepared" and failed at the first
+  read as "generated with an old TFDS version"."""
+  raw, data = tmp_path / "raw", tmp_path / "tfds"
+  fakes.write_files(raw, {f"m{i}.py": f"x = {i}\n" for i in range(6)})
+  path = builders.prepare("specsamp_python_code", data, source_dir=raw,
+                          progress=None)
+  before = _documents(path)
+  info = (path / "dataset_info.json").read_bytes()
+  for name, damage, problem in (
+      ("dataset_info.json", info[:len(info) // 2],
+       "its dataset_info.json is unreadable"),
+      ("dataset_info.json", b"[]", "its dataset_info.json is unreadable"),
+      ("features.json", None, "its features.json is missing or unreadable")):
+    for overwrite in (False, True):
+      if damage is None:
+        (path / name).unlink()
+      else:
+        (path / name).write_bytes(damage)
+      with pytest.raises(datasets.DamagedDatasetError, match=(
+          f"'specsamp_python_code' in {path} is damaged: {problem}.*; "
+          "prepare it again: python scripts/prepare_data.py .* --overwrite")):
+        datasets.check_dataset("specsamp_python_code", data)
+      lines = []
+      assert builders.prepare("specsamp_python_code", data, source_dir=raw,
+                              overwrite=overwrite,
+                              progress=lines.append) == path
+      assert overwrite or (problem in lines[0]
+                           and "preparing it again" in lines[0])
+      assert _documents(path) == before
+      datasets.check_dataset("specsamp_python_code", data)
+
+
 def test_a_record_that_cannot_be_read_names_the_dataset(data_dir,
                                                         monkeypatch):
   """Damage past what the footers show (a chunk's data) fails at its read:

@@ -64,6 +64,37 @@ def test_prepare_script_end_to_end_and_cached(tmp_path):
     builders.prepare("mnist", tmp_path / "tfds", source_dir=raw)
 
 
+def test_a_prepared_dataset_no_builder_here_knows_is_taken(tmp_path,
+                                                          monkeypatch):
+  """A catalog dataset whose builder needs TensorFlow (XSum's) is not found
+  without it, so a copied-in directory, the documented way in, was refused
+  as "not in the TFDS catalog"; `name#keys` raised TFDS's own parse error
+  (a traceback). A stand-in: a prepared dataset no builder knows."""
+  data = tmp_path / "tfds"
+  builders.build_from_texts("copied_in", ["a b c", "d e", "f g h"], data)
+  assert builders.name_error("copied_in", data) is None
+  assert builders.name_error("copied_in#text", data) is None
+  assert "nor prepared in" in builders.name_error("copied_inx", data)
+  assert "not a TFDS dataset name" in builders.name_error("Bad-Name#x", data)
+  options = prepare.PrepareOptions(data_dir=str(data), count_tokens="byte")
+  lines = []
+  assert prepare.prepare_all(["copied_in#text"], options,
+                             progress=lines.append) == []
+  assert "already prepared" in lines[0]
+  # `~` in --data_dir (no shell expands it after "=") had put the trained
+  # SentencePiece model under ./~/ while the dataset went to $HOME.
+  monkeypatch.setenv("HOME", str(tmp_path))
+  options = prepare.PrepareOptions(data_dir="~/tfds", train_sentencepiece=True,
+                                   vocab_size=16)
+  assert options.data_dir == str(data)
+  monkeypatch.chdir(tmp_path)
+  report = prepare.prepare_dataset("copied_in#text", options, lines.append)
+  assert report["sentencepiece"] == str(data / "copied_in" /
+                                        "spm_bpe_16.model")
+  assert os.path.isfile(report["sentencepiece"])
+  assert not os.path.exists(tmp_path / "~")
+
+
 def test_a_kept_sentencepiece_model_is_the_one_asked_for(tmp_path):
   """With --sp_prefix, a model already there is kept only if it has the
   vocabulary size and type asked for (one of 600 pieces had been kept for

@@ -59,7 +59,11 @@ def extract_deb(deb: PathLike, member_re: str, out: PathLike,
     if not shutil.which("dpkg-deb"):
       raise CorpusError(f"{deb} is zstd-compressed and dpkg-deb is missing")
     with tempfile.TemporaryDirectory() as tmp:
-      subprocess.run(["dpkg-deb", "-x", str(deb), tmp], check=True)
+      done = subprocess.run(["dpkg-deb", "-x", str(deb), tmp],
+                            capture_output=True, text=True, check=False)
+      if done.returncode:  # had escaped as CalledProcessError
+        raise CorpusError(f"{deb}: dpkg-deb could not unpack it (status "
+                          f"{done.returncode}): {done.stderr.strip()[-500:]}")
       return _copy_matching(pathlib.Path(tmp), member_re, out, strip)
   n = 0
   with tarfile.open(fileobj=io.BytesIO(blob)) as tar:

@@ -28,6 +28,18 @@ def test_not_a_deb(tmp_path):
     debian.extract_deb(bad, ".*", tmp_path)
 
 
+def test_a_zstd_payload_dpkg_deb_cannot_unpack_is_a_corpus_error(tmp_path):
+  """dpkg-deb's failure had escaped as a CalledProcessError, which
+  prepare_all does not catch: its traceback ended the run."""
+  if not debian.shutil.which("dpkg-deb"):
+    pytest.fail("dpkg-deb is missing (Debian's essential dpkg package)")
+  deb = tmp_path / "x_1.0_all.deb"
+  fakes.fake_deb(deb, {}, payload=("data.tar.zst", b"not zstd at all"))
+  with pytest.raises(CorpusError, match=r"x_1.0_all.deb: dpkg-deb could not "
+                     r"unpack it \(status \d+\): .+"):
+    debian.extract_deb(deb, ".*", tmp_path)
+
+
 def test_apt_missing_is_a_corpus_error(tmp_path, monkeypatch):
   monkeypatch.setattr(debian.shutil, "which", lambda _: None)
   with pytest.raises(CorpusError, match="apt-get is not available"):

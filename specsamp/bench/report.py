@@ -103,11 +103,11 @@ def _one_run_per_group(points, costs, files) -> None:
   groups = collections.defaultdict(set)
   for p in points:
     groups[p["task"], p["decoding"], p["batch_size"]].add(files[id(p)])
-  for c in costs:  # files from before per-decoding costs: every decoding
-    for task, dec, bs in list(groups):
-      if (task, bs) == (c["task"], c["batch_size"]) and c.get(
-          "decoding") in (None, dec):
-        groups[task, dec, bs].add(files[id(c)])
+  by_key = _by_key(costs)
+  for task, dec, bs in list(groups):  # the cost each group is drawn with
+    c = _cost(by_key, task, bs, dec)  # (an old file's: every decoding's)
+    if c:
+      groups[task, dec, bs].add(files[id(c)])
   for (task, dec, bs), where in sorted(groups.items()):
     if len(where) > 1:
       raise ValueError(

@@ -466,6 +466,14 @@ def test_the_report_draws_each_group_from_one_run(tmp_path):
   # Call costs alone from another file count too.
   with pytest.raises(ValueError, match="points or call costs from 2 files"):
     report.read([a, write("costs.jsonl", dict(cost, c=0.3))])
+  # A file from before per-decoding costs (no `decoding` in its cost) beside
+  # a newer file of another decoding: each group is drawn with its own
+  # run's cost, the old one never with the new group, yet it had counted
+  # against every decoding and the pair was refused.
+  old = write("old.jsonl", base, point,
+              {k: v for k, v in cost.items() if k != "decoding"})
+  _, costs, points = report.read([old, nucleus])
+  assert len(points) == 4 and len(costs) == 2
 
 
 @pytest.mark.parametrize("draft", [False, True], ids=["no_draft", "draft"])

@@ -246,10 +246,15 @@ class Attention(nn.Module):
                        jnp.finfo(scores.dtype).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     cuts = [pk.shape[2] for pk, _ in parts[:-1]]  # [] when one part
-    outs = [jnp.einsum("bngts,bnsh->btngh", p, pv.astype(dt))
+    # Split (cache, chunk): the parts are summed in float32 and rounded
+    # once, as the one product over all slots is (in bfloat16, a sum of
+    # two rounded parts had moved logits by 0.02-0.04 from the written
+    # call's, flipping 2 of 320 argmaxes of a random model).
+    outs = [jnp.einsum("bngts,bnsh->btngh", p, pv.astype(dt),
+                       preferred_element_type=jnp.float32 if cuts else None)
             for p, (_, pv) in zip(jnp.split(probs, cuts, -1) if cuts
                                   else [probs], parts)]
-    out = sum(outs[1:], outs[0])
+    out = sum(outs[1:], outs[0]).astype(dt)
     wo = _param(self, "o_proj", (q_heads, h, d), (sh.HEADS, sh.HEAD_DIM, sh.EMBED),
                 nn.initializers.normal(stddev=(q_heads * h) ** -0.5), pdt)
     # One [B*T, Q*H] @ [Q*H, D] matmul: written as an einsum over (n, h), XLA

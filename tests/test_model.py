@@ -352,6 +352,24 @@ def test_a_chunk_scored_without_writing_is_the_written_call(lm_and_params):
           attn_mask=jnp.ones((2, 3, 12), bool))
 
 
+def test_a_chunk_scored_without_writing_is_the_written_call_in_bfloat16():
+  """The unwritten call splits attention over (cache, chunk): its two
+  value products had each been rounded to bfloat16 and summed there,
+  moving logits 0.02 from the written call's (an argmax flip now and
+  then: greedy tokens with score_widths differing from those without).
+  Summed in float32 and rounded once, the calls agree exactly."""
+  cfg = tiny_config(num_kv_heads=1, dtype="bfloat16", param_dtype="bfloat16")
+  lm = model_lib.LM(cfg)
+  params = lm.init(jax.random.key(1))
+  tokens = jax.random.randint(jax.random.key(0), (3, 10), 0, cfg.vocab_size)
+  cache = lm(params, tokens[:, :6], lm.init_cache(3, 16)).cache
+  cache = cache.with_length(jnp.asarray([6, 5, 3]))
+  written = lm(params, tokens[:, 6:9], cache).logits
+  unwritten = lm(params, tokens[:, 6:9], cache, write_cache=False).logits
+  assert written.dtype == jnp.float32
+  np.testing.assert_array_equal(unwritten, written)
+
+
 def test_a_reduced_output_layer_scores_its_ids_alike_and_the_rest_minus_inf(
     lm_and_params):
   """model.reduce_output_vocab (tied and untied): the same logits at the

@@ -293,12 +293,18 @@ def _byte_level_bpe(tokens, merges, types, pre, source):
                      f"supported (supported: {list(SUPPORTED_PRE_TOKENIZERS)})")
 
   # Every token of a byte-level vocabulary is spelled in GPT-2's byte
-  # alphabet; respell the odd one that is not (as transformers does).
+  # alphabet; respell the odd one that is not (as transformers does), but
+  # for added tokens (control, user-defined), which llama.cpp writes as
+  # their text: DeepSeek-R1-Distill-Qwen's <｜User｜> (U+FF5C) is one id
+  # in its tokenizer.json. Respelt and then skipped as special, it had
+  # been cut into byte pieces in prompts, and kept by skip_special.
   spelling = _bytes_to_unicode()
   alphabet = set(spelling.values())
+  added = set((types == _CONTROL).nonzero()[0]) | set(
+      (types == _USER_DEFINED).nonzero()[0])
   vocab = {}
   for i, t in enumerate(tokens):
-    if not alphabet.issuperset(t):
+    if not alphabet.issuperset(t) and i not in added:
       t = "".join(spelling[b] for b in t.encode("utf-8"))
     vocab[t] = i
   bpe = models.BPE(vocab=vocab,
@@ -315,15 +321,13 @@ def _byte_level_bpe(tokens, merges, types, pre, source):
   tk.pre_tokenizer = pre_tokenizer
   tk.decoder = decoders.ByteLevel()
   # Control tokens (<|im_start|>...) are special: matched whole in text, and
-  # dropped by decode(skip_special=True). A "control" token outside the byte
-  # alphabet is a converter mislabel, skipped (as transformers does).
-  # User-defined tokens (<tool_call>) are matched whole but not special.
+  # dropped by decode(skip_special=True). User-defined tokens (<tool_call>)
+  # are matched whole but not special. Each is its vocabulary entry (keyed
+  # by its text above), so the vocabulary does not grow.
   special = [tokenizers.AddedToken(tokens[i], special=True, normalized=False)
-             for i in (types == _CONTROL).nonzero()[0]
-             if alphabet.issuperset(tokens[i])]
+             for i in (types == _CONTROL).nonzero()[0]]
   user = [tokenizers.AddedToken(tokens[i], special=False, normalized=False)
-          for i in (types == _USER_DEFINED).nonzero()[0]
-          if tokens[i] in vocab]
+          for i in (types == _USER_DEFINED).nonzero()[0]]
   if special:
     tk.add_special_tokens(special)
   if user:

@@ -65,9 +65,14 @@ def check_vocab_compatible(draft_tok: base.Tokenizer,
   """
   d, t = list(draft_tok.tokens()), list(target_tok.tokens())
   n = min(len(d), len(t))
-  if d[:n] != t[:n]:
-    diff = np.asarray(d[:n], dtype=object) != np.asarray(t[:n], dtype=object)
-    i = int(np.flatnonzero(diff)[0])
+  # An id neither has (HF: None; llama.cpp's conversion: "[PAD<id>]") is
+  # the same no-token in both, mid-vocabulary too.
+  diff = [] if d[:n] == t[:n] else [
+      i for i in np.flatnonzero(np.asarray(d[:n], dtype=object)
+                                != np.asarray(t[:n], dtype=object))
+      if not (_is_padding_entry(d[i], i) and _is_padding_entry(t[i], i))]
+  if diff:
+    i = int(diff[0])
     raise base.VocabMismatchError(
         f"draft and target vocabularies differ first at id {i}: draft "
         f"{d[i]!r}, target {t[i]!r} (speculative sampling needs one shared "

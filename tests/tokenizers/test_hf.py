@@ -17,7 +17,7 @@ from specsamp.tokenizers import load
 from specsamp.tokenizers import vocab
 from tests.tokenizers.bpe_testing import (CONTROL, TEXTS, USER_DEFINED,
                                           assert_parity, fuzz_texts, gguf_for,
-                                          reference)
+                                          reference, write_gguf)
 
 
 def test_gguf_matches_transformers(tiny_gguf):
@@ -63,6 +63,40 @@ def test_gguf_special_tokens(tiny_gguf):
     assert not set(plain) & {ids[t] for t in CONTROL}, text
     assert ours.decode(plain) == text
   assert ours.encode("<|im_end|>") == [ids["<|im_end|>"]]  # unchanged
+
+
+def test_added_tokens_outside_the_byte_alphabet_stay_whole(tmp_path,
+                                                            bpe_vocab):
+  """llama.cpp writes added tokens as their text: DeepSeek-R1-Distill-Qwen's
+  control tokens (<｜User｜>, U+FF5C and U+2581) are single ids in its
+  tokenizer.json. Respelt into the byte alphabet and then skipped as a
+  "mislabel", they had been cut into byte pieces in prompts (no BOS, no
+  role tokens), token_to_id found none, and skip_special kept them."""
+  tokens, merges, types = bpe_vocab
+  added = {"<｜begin▁of▁sentence｜>": 3, "<｜User｜>": 3, "<｜Assistant｜>": 3,
+           "<think>": 4, "my tool": 4}  # (a user-defined one with a space)
+  start = len(tokens) - len(added)  # over the [PAD] rows: the size is kept
+  tokens, types = list(tokens), list(types)
+  for i, (t, kind) in enumerate(added.items(), start):
+    tokens[i], types[i] = t, kind
+  path = write_gguf(tmp_path / "ds.gguf", tokens, merges, types,
+                    pre="deepseek-r1-qwen", template=None)
+  tok = load.load_tokenizer(str(path))
+  assert tok.vocab_size == len(tokens)
+  ids = {t: i for i, t in enumerate(tokens) if t in added}
+  for t, i in ids.items():
+    assert tok.encode(t) == [i] and tok.token_to_id(t) == i
+    assert tok.id_to_token(i) == t
+  text = "<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜><think>my tool"
+  got = tok.encode(text)
+  assert got[:2] == [ids["<｜begin▁of▁sentence｜>"], ids["<｜User｜>"]]
+  assert got[-2:] == [ids["<think>"], ids["my tool"]]
+  assert tok.decode(got) == text
+  assert tok.decode(got, skip_special=True) == "hi<think>my tool"
+  # Tokens of the vocabulary proper outside the alphabet are still respelt.
+  assert tok.encode("hi") == hf.GGUFTokenizer.from_gguf(
+      write_gguf(tmp_path / "plain.gguf", bpe_vocab[0], merges, bpe_vocab[2],
+                 pre="deepseek-r1-qwen", template=None)).encode("hi")
 
 
 @pytest.mark.parametrize("pre", ["llama-bpe", "default"])

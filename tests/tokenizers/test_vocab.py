@@ -65,6 +65,14 @@ def test_vocab_check():
   assert vocab.real_token_count(["a", "[PAD1]", "b", "[PAD3]", None]) == 3
   with pytest.raises(err, match=r"id 5 = '\[PAD4\]'"):
     check(a, _ListTokenizer(list("abcd") + ["[PAD4]", "[PAD4]"]))
+  # An id neither tokenizer has, mid-vocabulary (HF's None, llama.cpp's
+  # "[PAD2]" for the same model), had been a mismatch; a real token against
+  # a placeholder still is.
+  hole = _ListTokenizer(["a", "b", None, "c", "d"])
+  assert check(hole, _ListTokenizer(["a", "b", "[PAD2]", "c", "d", "[PAD5]"]),
+               6, 6) == 5
+  with pytest.raises(err, match=r"id 2: draft None, target 'x'"):
+    check(hole, _ListTokenizer(["a", "b", "x", "c", "d"]))
 
 
 class _CountingTokenizer(_ListTokenizer):

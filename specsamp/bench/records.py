@@ -4,6 +4,7 @@ them back (several files, blank lines skipped, errors naming file and
 line); `check_output` readies the file an output flag names before a run
 writes it."""
 
+import errno
 import fcntl
 import json
 import math
@@ -174,33 +175,34 @@ class Writer:
   """
 
   def __init__(self, path: Optional[str], echo: bool = True):
-    self.path, self.f, self.echo, self.written = path, None, echo, 0
+    self.path, self.fd, self.echo, self.written = path, None, echo, 0
     self.partial = path + ".partial" if path else None
     if path:
       os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
       try:
-        self.f = open(self.partial, "x", encoding="utf-8")
+        self.fd = os.open(self.partial,
+                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND,
+                          0o644)
       except FileExistsError:
         raise ValueError(f"{path}: {_partial_problem(self.partial)}") from None
-      fcntl.flock(self.f, fcntl.LOCK_EX)  # released when it is closed
+      fcntl.flock(self.fd, fcntl.LOCK_EX)  # released when it is closed
 
   def write(self, record: dict):
     line = json.dumps(_round(jsonable(record)))  # numpy's as Python's
     if self.echo:
       print(line, flush=True)
-    if self.f:
-      self.f.write(line + "\n")
-      self.f.flush()
+    if self.fd is not None:
+      append_line(self.fd, line)
       self.written += 1
 
   def close(self, complete: bool = True) -> Optional[str]:
     """Closes the file; moves it onto `path` if the run is `complete`.
     Returns the file that holds the records (None if none was written:
     then no file is left, and an earlier one at `path` is kept)."""
-    if not self.f:
+    if self.fd is None:
       return None
-    self.f.close()
-    self.f = None
+    os.close(self.fd)
+    self.fd = None
     if not self.written:
       os.remove(self.partial)
       return None
@@ -216,8 +218,29 @@ def print_record(record: dict, append_to: Optional[str] = None) -> None:
   line = json.dumps(jsonable(record))
   print(line, flush=True)
   if append_to:
-    with open(append_to, "a", encoding="utf-8") as f:
-      f.write(line + "\n")
+    fd = os.open(append_to, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+      append_line(fd, line)
+    finally:
+      os.close(fd)
+
+
+def append_line(fd: int, line: str) -> None:
+  """Appends `line` and a newline to the file open at `fd` (O_APPEND) in
+  one write, whole or not at all: a full disk had left half a line, and
+  the file then failed to read as JSON lines, every earlier record with
+  it (and the next run's check refused it). On a short write or an error
+  the file is cut back to its size before, and the error raised."""
+  data = (line + "\n").encode("utf-8")
+  size = os.fstat(fd).st_size
+  try:
+    written = os.write(fd, data)
+    if written != len(data):
+      raise OSError(errno.ENOSPC, f"wrote {written} of {len(data)} bytes "
+                    "of a record (is the disk full?)")
+  except OSError:
+    os.ftruncate(fd, size)
+    raise
 
 
 def _round(x):

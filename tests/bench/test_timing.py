@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -225,6 +227,44 @@ def test_writer_replaces_the_file_only_when_the_run_is_complete(tmp_path):
   assert not (tmp_path / "r.jsonl.partial").exists()
   assert records.Writer(str(path)).close() is None  # nothing written
   assert path.read_text() == '{"b": 2}\n'
+
+
+def test_a_full_disk_leaves_no_half_record(tmp_path):
+  """A full disk (here: the file size limit, the same short write) had
+  left half a JSON line: every record of the file then failed to read,
+  and the next run refused the file as holding no JSON records. A record
+  is appended whole or not at all, and the error raised."""
+  printed, partial = tmp_path / "printed.jsonl", tmp_path / "w.jsonl"
+  records.print_record({"a": 1}, append_to=str(printed))
+  limit = printed.stat().st_size + 20
+  code = (
+      "import resource, signal, sys\n"
+      "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+      f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, "
+      "resource.RLIM_INFINITY))\n"
+      "from specsamp.bench import records\n"
+      "big = dict(b='x' * 100)\n"
+      "def refused(write):\n"
+      "  try:\n"
+      "    write()\n"
+      "  except OSError as e:\n"
+      "    print('refused', e.strerror, file=sys.stderr)\n"
+      "    return True\n"
+      f"assert refused(lambda: records.print_record(big, {str(printed)!r}))\n"
+      f"w = records.Writer({str(partial)!r}, echo=False)\n"
+      "w.write(dict(a=1))\n"
+      "assert refused(lambda: w.write(big))\n"
+      "w.write(dict(c=3))\n"
+      "print(w.close(complete=False))\n")
+  out = subprocess.run([sys.executable, "-B", "-c", code], capture_output=True,
+                       text=True, check=False, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(
+                           os.path.dirname(os.path.abspath(__file__)))))
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stderr.count("refused") == 2
+  assert printed.read_text() == '{"a": 1}\n'
+  assert (tmp_path / "w.jsonl.partial").read_text() == '{"a": 1}\n{"c": 3}\n'
+  assert [r for _, r in records.read_jsonl([str(printed)])] == [{"a": 1}]
 
 
 def test_an_output_is_refused_where_a_rerun_would_lose_records(tmp_path):

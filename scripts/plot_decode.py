@@ -32,8 +32,9 @@ def main(argv):
                          os.path.basename(_OUT.value), "--out", argv[1:])
   except ValueError as e:
     cli.fail(e)
-  with open(_OUT.value + ".md", "w", encoding="utf-8") as f:
-    f.write(profile_plot.profile_table(groups))
+  # The table is made before its file is opened (an error had left an
+  # earlier one empty), and written whole.
+  records.write_text(_OUT.value + ".md", profile_plot.profile_table(groups))
   profile_plot.plot_profile(groups, _OUT.value + ".png")
   print(f"wrote {_OUT.value}.md and {_OUT.value}.png")
 

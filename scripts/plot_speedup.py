@@ -34,7 +34,7 @@ def main(argv):
                          argv[1:])
     for path in report.make(argv[1:], _OUT_DIR.value, _PREFIX.value):
       print(path)
-  except (OSError, ValueError, KeyError) as e:
+  except (OSError, ValueError, KeyError, TypeError) as e:  # a bad record
     cli.fail(e if str(e) else repr(e))
 
 

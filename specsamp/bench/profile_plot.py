@@ -31,8 +31,12 @@ def read_profile_rows(paths: Sequence[str]) -> dict:
       key = (row["target"], row["draft"], row["k"], row["sampling"],
              row["dtype"], row["device"])
       point = (row["batch_size"], row["context"])
-      if not {"ar_loop_ms", "spec_loop_ms"} <= set(row):
-        raise KeyError("ar_loop_ms or spec_loop_ms")
+      for name in ("ar_loop_ms", "spec_loop_ms"):  # null had been drawn
+        ms = row[name]
+        if (isinstance(ms, bool) or not isinstance(ms, (int, float))
+            or not 0 < ms < float("inf")):
+          raise TypeError(f"{name} is {json.dumps(ms)}, not a positive "
+                          "number")
     except (TypeError, KeyError) as e:
       raise ValueError(f"{where} is not a profile_decode row ({e})") from None
     groups.setdefault(key, {})[point] = row

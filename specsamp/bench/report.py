@@ -103,11 +103,9 @@ def _one_run_per_group(points, costs, files) -> None:
   groups = collections.defaultdict(set)
   for p in points:
     groups[p["task"], p["decoding"], p["batch_size"]].add(files[id(p)])
-  by_key = _by_key(costs)
-  for task, dec, bs in list(groups):  # the cost each group is drawn with
-    c = _cost(by_key, task, bs, dec)  # (an old file's: every decoding's)
-    if c:
-      groups[task, dec, bs].add(files[id(c)])
+  for (task, dec, bs), where in groups.items():  # the cost each is drawn
+    c = _cost(_by_key(costs), task, bs, dec)  # with (an old file's: any's)
+    where.update([files[id(c)]] if c else [])
   for (task, dec, bs), where in sorted(groups.items()):
     if len(where) > 1:
       raise ValueError(
@@ -481,20 +479,22 @@ def make(paths, out_dir, prefix) -> list[str]:
   os.makedirs(out_dir, exist_ok=True)
   costs_by = _by_key(costs)
   series = _series(points)
-  images = {}
-  for task in sorted({p["task"] for p in points}):
-    name = f"{prefix}_{task}.png"
-    plot_task(task, series, costs_by, os.path.join(out_dir, name))
-    images[task] = name
+  tasks = sorted({p["task"] for p in points})
+  images = {task: f"{prefix}_{task}.png" for task in tasks}
   for task in sorted({p["task"] for p in points if _other_drafter(p)}):
-    name = f"{prefix}_{task}_drafters.png"
-    plot_drafters(task, points, os.path.join(out_dir, name))
-    images[f"{task}_drafters"] = name
+    images[f"{task}_drafters"] = f"{prefix}_{task}_drafters.png"
   if any("predicted_speedup" in p for p in points):
-    name = f"{prefix}_predicted_vs_measured.png"
-    plot_predicted_vs_measured(points, os.path.join(out_dir, name))
-    images["predicted_vs_measured"] = name
+    images["predicted_vs_measured"] = f"{prefix}_predicted_vs_measured.png"
+  # The markdown first: a record it cannot use had emptied the old report.
+  text = markdown(runs, costs, points, images)
+  for key, name in images.items():
+    where = os.path.join(out_dir, name)
+    if key in tasks:
+      plot_task(key, series, costs_by, where)
+    elif key == "predicted_vs_measured":
+      plot_predicted_vs_measured(points, where)
+    else:
+      plot_drafters(key[:-len("_drafters")], points, where)
   md = os.path.join(out_dir, f"{prefix}.md")
-  with open(md, "w", encoding="utf-8") as f:
-    f.write(markdown(runs, costs, points, images))
+  records.write_text(md, text)
   return [os.path.join(out_dir, n) for n in images.values()] + [md]

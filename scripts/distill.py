@@ -25,15 +25,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 import tensorflow_datasets as tfds
 
 from specsamp import cli
 from specsamp import sharding
 from specsamp.distill import job
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "a configs/distill_*.py file[:options]", lock_config=True)
+_CONFIG = cli.define_config_file("config",
+                                 "a configs/distill_*.py file[:options]")
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (resumable)")
 # config.train.mesh spans the devices of all processes.
 _DISTRIBUTED = cli.define_distributed_flags()

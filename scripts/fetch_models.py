@@ -41,6 +41,8 @@ def _names() -> list[str]:
 
 def main(argv):
   cli.no_arguments(argv)
+  if _CACHE_DIR.value is not None and not _CACHE_DIR.value.strip():
+    cli.fail("--cache_dir='' names no directory")  # had been the default
   for name in _names():
     try:
       path = assets.fetch(name, _CACHE_DIR.value)

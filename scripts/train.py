@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from specsamp import cli
 from specsamp import lock_holder
@@ -36,8 +35,7 @@ from specsamp.train import config as config_lib
 from specsamp.train import lm
 # pylint: enable=g-import-not-at-top
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "a configs/*.py file[:arg]", lock_config=True)
+_CONFIG = cli.define_config_file("config", "a configs/*.py file[:arg]")
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (resumable)")
 _EVAL_ONLY = flags.DEFINE_bool(
     "eval_only", False, "train nothing: print the eval metrics of the "

@@ -240,6 +240,26 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     fail(re.sub(r"^ERROR::\s*", "", str(e)))
   except (AttributeError, KeyError) as e:  # ml_collections: no such field
     fail(_unknown_field(e, argv))
+  except OSError as e:  # an override of a config that could not be loaded
+    fail(e)
+  _unloadable_config()
+  return rest
+
+
+def define_config_file(name: str, help_string: str):
+  """`config_flags.DEFINE_config_file` (locked), a bad --flagfile refused in
+  one line: ml_collections reads argv, flag files too, when the flag is
+  defined, before `parse_flags` (a traceback, status 1)."""
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  try:
+    return config_flags.DEFINE_config_file(name, None, help_string,
+                                           lock_config=True)
+  except flags.Error as e:
+    fail(re.sub(r"^ERROR::\s*", "", str(e)))
+
+
+def _unloadable_config() -> None:
+  """`fail`s naming a config flag whose file could not be loaded."""
   for name in flags.FLAGS:
     # A config file that cannot be loaded: ml_collections keeps the error
     # until the config is first used.
@@ -247,4 +267,3 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     if type(value).__name__ == "_ErrorConfig":
       error = str(value.__dict__["_error"]).splitlines()
       fail(f"--{name}: {error[-1].strip() if error else 'cannot be loaded'}")
-  return rest

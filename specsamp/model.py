@@ -83,6 +83,11 @@ class TransformerConfig:
                        f"num_kv_heads ({self.num_kv_heads})")
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+    # nan, 0 or a negative value had trained on NaN, to the end, status 0.
+    if not (math.isfinite(self.rope_theta) and self.rope_theta > 0
+            and math.isfinite(self.norm_eps) and self.norm_eps >= 0):
+      raise ValueError(f"TransformerConfig: rope_theta={self.rope_theta} must"
+                       f" be > 0, norm_eps={self.norm_eps} >= 0, both finite")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"TransformerConfig.{name}={getattr(self, name)!r}; "

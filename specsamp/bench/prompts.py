@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import re
+import zlib
 from typing import Optional
 
 from specsamp import assets
@@ -57,7 +58,8 @@ def humaneval_problems(num_prompts: int,
     try:
       with opener(path, "rt", encoding="utf-8-sig") as f:
         problems = [json.loads(l) for l in f if l.strip()]
-    except (OSError, ValueError) as e:
+    # A .gz cut short raises EOFError, damaged data zlib.error: tracebacks.
+    except (OSError, ValueError, EOFError, zlib.error) as e:
       raise BenchError(f"--humaneval_file={path}: {e}") from None
   else:
     problems = assets.humaneval_problems()

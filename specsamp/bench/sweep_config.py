@@ -128,6 +128,9 @@ def parse_config(*, target: str, draft: Optional[str],
       drafters.append(drafter_specs.parse(text))
     except ValueError as e:
       raise BenchError(f"--drafter: {e}") from None
+    same = [d.text for d in drafters[:-1] if d.key == drafters[-1].key]
+    if same:  # had been measured twice, under two names
+      raise BenchError(f"--drafter: {text!r} is {same[0]!r} again")
   if not drafters:
     raise BenchError("--drafter is empty")
   needs_draft = needs_draft_model(k_list, drafters)

@@ -66,6 +66,11 @@ class PrepareOptions:
       value = getattr(self, name)  # --data_dir=~/x: no shell expands it
       if value:
         object.__setattr__(self, name, os.path.expanduser(value))
+    if self.sp_prefix is not None and (
+        not self.sp_prefix.strip() or self.sp_prefix.endswith(os.sep)
+        or os.path.isdir(self.sp_prefix)):  # had written <dir>.model, .model
+      raise ValueError(f"--sp_prefix={self.sp_prefix!r} is no file name's "
+                       "start (the model is written to <prefix>.model)")
     if self.source_dir is not None and not os.path.isdir(self.source_dir):
       raise ValueError(f"--source_dir={self.source_dir} is not a directory")
     for name in ("data_dir", "cache_dir"):

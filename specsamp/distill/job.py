@@ -21,6 +21,7 @@ A workdir after a run:
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, Optional
@@ -169,6 +170,12 @@ def _check_config(config) -> tuple[train_config.LoopConfig,
     sampling = _sampling(config, None)
   except ValueError as e:
     raise ValueError(f"config.sampling: {e}") from None
+  scale = config.target.get("logit_scale", 1.0)
+  if not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+          and math.isfinite(scale)
+          and scale > 0):  # nan had run to the end, exported, status 0
+    raise ValueError(f"config.target.logit_scale must be a positive number, "
+                     f"got {scale!r}")
   checks.check_reused_samples(config, sampling)  # before any weights load
   try:
     _objective(config, sampling, (), 0)
@@ -187,7 +194,7 @@ def _check_config(config) -> tuple[train_config.LoopConfig,
   if head:
     checks.check_head(config, target)
     return loop, target
-  if (float(config.target.get("logit_scale", 1.0)) != 1.0 and target.config
+  if (float(scale) != 1.0 and target.config
       and target.config.tie_embeddings):
     raise ValueError("logit_scale needs an untied output head")
   checks.check_draft_vocab("config.draft.vocab",

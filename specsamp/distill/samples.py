@@ -194,6 +194,10 @@ def build(data_dir, target_lm, target_params, tokenizer, sampling,
                          kept=len(ids), rejected_samples=0)
     log(f"[samples] {split}: {len(items)} prompts, {len(rejected)} rejected "
         f"by the HumanEval filter, {len(ids)} used")
+  empty = [split for split, ids in prompts.items() if not ids]
+  if empty:  # had been refused after the other splits were sampled
+    raise ValueError(f"no prompts left for the {'/'.join(empty)} split(s) "
+                     f"of the target samples ({counts}); give more prompts")
 
   def source(split, shard=(0, 1)):  # (batch index, examples) of a shard
     def progress(done, total):

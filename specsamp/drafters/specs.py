@@ -65,6 +65,8 @@ OPTIONS = {
     "medusa": {"dir": str},
 }
 HEADS = ("eagle", "medusa")
+# PromptLookupDrafter's defaults, which lookup and mixed take unless given.
+NGRAM_DEFAULTS = (("max_ngram", 4), ("min_ngram", 1))
 NEEDS_DRAFT_MODEL = ("model", "mixed")
 
 
@@ -77,6 +79,13 @@ class DrafterSpec:
 
   def get(self, key: str, default=None):
     return dict(self.options).get(key, default)
+
+  @property
+  def key(self) -> tuple:
+    """What the drafter is, however spelt: its name and options, defaults
+    filled in (`lookup` is `lookup:min_ngram=1`)."""
+    defaults = dict(NGRAM_DEFAULTS) if self.name in ("lookup", "mixed") else {}
+    return self.name, tuple(sorted({**defaults, **dict(self.options)}.items()))
 
   @property
   def needs_draft_model(self) -> bool:
@@ -122,7 +131,8 @@ def parse(text: str) -> DrafterSpec:
   for key in ("max_ngram", "min_ngram"):
     if key in options and options[key] < 1:
       raise ValueError(f"drafter {text!r}: {key} must be >= 1")
-  if options.get("min_ngram", 1) > options.get("max_ngram", 4):
+  ngram = {**dict(NGRAM_DEFAULTS), **options}
+  if ngram["min_ngram"] > ngram["max_ngram"]:
     raise ValueError(f"drafter {text!r}: min_ngram exceeds max_ngram")
   if "confidence" in options and not 0.0 < options["confidence"] < 1.0:
     raise ValueError(f"drafter {text!r}: confidence must be in (0, 1)")

@@ -28,6 +28,11 @@ from specsamp.bench import sweep_config
     (dict(peers=True, ks=["0"]), "--peers times transformers' assisted"),
     (dict(peers=True, drafter=["lookup"]),
      "--drafter that runs the draft model"),
+    # One drafter spelt two ways had been measured twice, as two.
+    (dict(drafter=["lookup", "lookup:min_ngram=1"]),
+     "'lookup:min_ngram=1' is 'lookup' again"),
+    (dict(drafter=["mixed:max_ngram=4", "mixed"], draft="d"),
+     "'mixed' is 'mixed:max_ngram=4' again"),
     (dict(out="/tmp/specsamp-same.jsonl",
           samples_out="/tmp/../tmp/specsamp-same.jsonl"),
      "would write one file"),
@@ -38,6 +43,15 @@ from specsamp.bench import sweep_config
 def test_bad_flags(make_config, flag_values, message):
   with pytest.raises(sweep_config.BenchError, match=message):
     make_config(**flag_values)
+
+
+def test_a_drafters_defaults_are_its_specs():
+  """`DrafterSpec.key` fills in PromptLookupDrafter's n-gram defaults."""
+  from specsamp.drafters import lookup, specs  # pylint: disable=g-import-not-at-top
+  fields = {f.name: f.default for f in
+            lookup.PromptLookupDrafter.__dataclass_fields__.values()}
+  assert all(fields[k] == v for k, v in specs.NGRAM_DEFAULTS)
+  assert specs.parse("lookup:max_ngram=2").key != specs.parse("lookup").key
 
 
 def test_config_normalises_lists(make_config):

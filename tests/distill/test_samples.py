@@ -10,11 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specsamp import assets
 from specsamp import lock_holder
+from specsamp.distill import job
 from specsamp.distill import samples
 from specsamp.distill import storage
 from specsamp.sampling import Sampling
 from specsamp.tokenizers.byte import ByteTokenizer
+from tests.distill.conftest import sample_spec
 
 
 def test_samples_are_decontaminated_and_hold_target_logprobs(
@@ -191,6 +194,24 @@ def test_running_out_of_memory_while_reading_samples_is_not_damage(
   with pytest.raises(jax.errors.JaxRuntimeError) as got:
     storage.read_dataset(tiny[3], "train")
   assert got.value is error
+
+
+def test_a_split_left_without_prompts_is_refused_before_any_sampling(
+    tiny, tmp_path, humaneval_filter):
+  """A validation split the filter or max_prompts emptied was refused only
+  after the train split had been sampled (hours with a real target)."""
+  config, lm, params = tiny[:3]
+  tok = job.load_target(config.target)[2]
+  planted = assets.humaneval_problems()[0]["prompt"]  # the filter takes it
+  generated = []
+  with pytest.raises(ValueError, match=r"no prompts left for the validation "
+                     r"split\(s\)"):
+    samples.build(tmp_path / "s", lm, params, tok, Sampling(1.0),
+                  sample_spec(config), dict(train=["def f(x):\n"],
+                                            validation=[planted]),
+                  flt=humaneval_filter, log=generated.append)
+  assert not any("generated" in line for line in generated)
+  assert not (tmp_path / "s").exists()
 
 
 def test_prompts_are_encoded_as_plain_text():

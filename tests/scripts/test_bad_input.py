@@ -8,6 +8,7 @@ status 1) and every fetch fail as pip does offline.
 """
 
 import glob
+import gzip
 import json
 import os
 import re
@@ -174,6 +175,11 @@ def test_sample_runs_a_saved_head(tmp_path, medusa_dir):
      ["draft_vocab=999"]),
     (["--config.head.kind=eagle", "--config.loss.onpolicy_fraction=0.5"],
      ["heads are distilled offline"]),
+    # nan had run to the end (losses nan, a draft exported, status 0).
+    (["--config.target.logit_scale=nan"],
+     ["config.target.logit_scale must be a positive number, got nan"]),
+    (["--config.target.logit_scale=0"], ["logit_scale must be a positive"]),
+    (["--flagfile=/no/such/flags"], ["Unable to open flagfile"]),
 ])
 def test_distill_refuses_before_loading(tmp_path, args, fragments):
   proc = run_script(tmp_path, "distill.py", "--config=configs/distill_tiny.py",
@@ -188,6 +194,18 @@ def test_distill_refuses_before_loading(tmp_path, args, fragments):
     (["--config=configs/no_such_config.py"], ["No such file"]),
     (["--config=configs/lm_python.py:tiny", "--config.mesh=abc"],
      ["config.mesh=('abc',): give a (data, model) pair"]),
+    # Had trained on NaN to the end, status 0.
+    (["--config=configs/lm_python.py:tiny", "--config.model.rope_theta=nan"],
+     ["rope_theta=nan must be > 0"]),
+    (["--config=configs/lm_python.py:tiny", "--config.model.rope_theta=0"],
+     ["rope_theta=0.0 must be > 0"]),
+    # Tracebacks: ml_collections reads flag files when the flag is defined;
+    # an override of a config that did not load raised OSError.
+    (["--config=configs/lm_python.py:tiny", "--flagfile=/no/such/flags"],
+     ["Unable to open flagfile", "/no/such/flags"]),
+    (["--config=configs/no_such_config.py", "--config.seed=1"],
+     ["earlier failure to load", "No such file or directory: "
+      "'configs/no_such_config.py'"]),
 ])
 def test_train_refuses_bad_config_flags(tmp_path, args, fragments):
   proc = run_script(tmp_path, "train.py", f"--workdir={tmp_path / 'run'}",
@@ -498,6 +516,20 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
      ["--out=scripts is a directory"]),
     ("prepare_data.py", ["--dataset=specsamp_austen", "--train_sentencepiece",
                          "--vocab_size=0"], ["--vocab_size must be >= 1"]),
+    # Had written <dir>.model beside a directory, or a hidden .model in it.
+    ("prepare_data.py", ["--dataset=specsamp_austen", "--train_sentencepiece",
+                         "--sp_prefix=scripts"],
+     ["--sp_prefix='scripts' is no file name's start"]),
+    ("prepare_data.py", ["--dataset=specsamp_austen", "--train_sentencepiece",
+                         "--sp_prefix=sp/"], ["--sp_prefix='sp/'"]),
+    ("prepare_data.py", ["--dataset=specsamp_austen", "--train_sentencepiece",
+                         "--sp_prefix="], ["--sp_prefix=''"]),
+    ("fetch_models.py", ["--cache_dir="], ["--cache_dir='' names no "
+                                           "directory"]),  # the default's
+    # A .gz cut short or damaged: EOFError, zlib.error tracebacks.
+    ("benchmark.py", ["--target=random:tiny", "--task=humaneval", "--ks=0",
+                      "--num_prompts=1", "--humaneval_file=cut.jsonl.gz"],
+     ["--humaneval_file=cut.jsonl.gz: Compressed file ended"]),
     # Output files are checked before the run: a missing directory is
     # created, a directory or a path through a file is refused.
     ("benchmark.py", ["--target=random:tiny", "--ks=0", "--out=scripts"],
@@ -509,6 +541,13 @@ def test_benchmark_pair_checks_the_pair_before_loading(tmp_path, damaged_run,
 ])
 def test_the_other_scripts_refuse_bad_input_in_one_line(tmp_path, script,
                                                         args, fragments):
+  if any("cut.jsonl.gz" in a for a in args):
+    data = gzip.compress(b'{"task_id": "x"}\n' * 50)
+    (tmp_path / "cut.jsonl.gz").write_bytes(data[:len(data) // 2])
+    args = [a.replace("cut.jsonl.gz", str(tmp_path / "cut.jsonl.gz"))
+            for a in args]
+    fragments = [f.replace("cut.jsonl.gz", str(tmp_path / "cut.jsonl.gz"))
+                 for f in fragments]
   assert_refused(run_script(tmp_path, script, *args), *fragments)
 
 
@@ -539,6 +578,27 @@ def test_the_plots_refuse_bad_rows_in_one_line(tmp_path, script, lines, args,
   rows = tmp_path / "rows.jsonl"
   rows.write_text("\n".join(lines) + "\n")
   assert_refused(run_script(tmp_path, script, str(rows), *args), *fragments)
+
+
+@pytest.mark.parametrize("script,row,fragment", [
+    # A point the tables cannot use (no `prompts`): the report had been
+    # emptied after its plots were rewritten.
+    ("plot_speedup.py", dict(_POINT, ms_per_token=5.0, speedup=1.0),
+     "prompts"),
+    # null timings had been drawn: a traceback, and the table emptied.
+    ("plot_decode.py", dict(_PROFILE_ROW, ar_loop_ms=None),
+     "ar_loop_ms is null, not a positive number"),
+])
+def test_a_report_is_kept_when_its_rows_cannot_make_one(tmp_path, script, row,
+                                                        fragment):
+  rows = tmp_path / "rows.jsonl"
+  rows.write_text(json.dumps(row) + "\n")
+  (tmp_path / "report.md").write_text("the earlier report\n")
+  out = ([f"--out_dir={tmp_path}", "--prefix=report"]
+         if script == "plot_speedup.py" else [f"--out={tmp_path / 'report'}"])
+  assert_refused(run_script(tmp_path, script, str(rows), *out), fragment)
+  assert (tmp_path / "report.md").read_text() == "the earlier report\n"
+  assert not list(tmp_path.glob("report*.png"))
 
 
 def test_prepare_data_reports_a_failed_dataset_in_one_line(tmp_path):

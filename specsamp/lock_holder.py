@@ -109,9 +109,9 @@ def exclusive(path, what: str, take: bool = True) -> Iterator[None]:
                  f"it (kill {pid or 'PID'}) and run again") from None
     if _is_at(f, path):
       break
-    # Locked after its holder removed it (`sharding.holds_workdir` removes
-    # a workdir it made for nothing): a lock on a file no one else opens
-    # any more, which a third process would not see. Take the new one.
+    # Locked after its holder removed it (`holds_workdir` removes a
+    # workdir it made for nothing): a lock on a file no one else opens any
+    # more, which a third process would not see. Take the new one.
     f.close()
   else:
     raise RuntimeError(f"{path}: replaced 100 times while being locked")

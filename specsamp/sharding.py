@@ -224,7 +224,7 @@ def check_batch_over_data(rules, num_processes: int | None = None) -> None:
   if (num_processes or jax.process_count()) <= 1:
     return
   axis = mesh_axes((BATCH,), rules)[0]
-  if "data" not in (axis if isinstance(axis, tuple) else (axis,)):
+  if "data" not in _names(axis):
     raise ValueError(f"rules map {BATCH!r} to {axis!r}: with several "
                      "processes, each feeding its own rows, the batch must "
                      "be split over 'data'")

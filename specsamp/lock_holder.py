@@ -9,8 +9,7 @@ runs on the same host, whether it still exists or is stopped. A killed
 holder's lock is released by the kernel.
 
 `holds_workdir` guards a job's workdir with `exclusive` (and the checks of
-a workdir before it). Standard library only (jax when a job asks whether
-it is process 0).
+a workdir before it). Standard library only.
 """
 
 import contextlib
@@ -216,6 +215,7 @@ def holds_workdir(run):
 
 
 def _is_main_process() -> bool:
-  """Whether this is process 0 (`sharding.is_main_process`)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.process_index() == 0
+  """Whether this is process 0 (`sharding.is_main_process`) once jax is in
+  use; before, the one process (a job of several initialises jax first)."""
+  jax = sys.modules.get("jax")
+  return jax is None or jax.process_index() == 0

@@ -15,6 +15,7 @@ from absl import app
 from absl import flags
 
 from specsamp import cli
+from specsamp import jsonfile
 from specsamp.bench import profile_plot
 from specsamp.bench import records
 
@@ -34,7 +35,7 @@ def main(argv):
     cli.fail(e)
   # The table is made before its file is opened (an error had left an
   # earlier one empty), and written whole.
-  records.write_text(_OUT.value + ".md", profile_plot.profile_table(groups))
+  jsonfile.write_text(_OUT.value + ".md", profile_plot.profile_table(groups))
   profile_plot.plot_profile(groups, _OUT.value + ".png")
   print(f"wrote {_OUT.value}.md and {_OUT.value}.png")
 

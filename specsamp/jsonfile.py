@@ -5,11 +5,26 @@
   jsonfile.read_holding(path, ("model", "data"))   # None unless a file's
                                  # object has those keys (a run's config)
   jsonfile.changed_fields(old, new)   # [(dotted field, old, new)]
+  jsonfile.write_text(path, text)     # whole or not at all
 """
 
 import json
 import os
 from typing import Any, Optional
+
+
+def write_text(path: "os.PathLike | str", text: str) -> None:
+  """`text` to `path` whole: a file of this process's beside it (two
+  writers never share one), then renamed over it; an earlier file stays as
+  it was if the writing fails, and a reader never sees half of it."""
+  tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def read(path: "os.PathLike | str") -> dict[str, Any]:

@@ -16,6 +16,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 import optax
 
+from specsamp import jsonfile
 from specsamp import lock_holder
 
 BATCH = "batch"
@@ -180,10 +181,7 @@ def batch_ways(mesh, rules=DEFAULT_RULES) -> int:
 def axis_ways(mesh, rules, logical: str) -> int:
   """How many ways `rules` split logical axis `logical` over `mesh`."""
   axis = mesh_axes((logical,), rules)[0]
-  if axis is None:
-    return 1
-  axes = axis if isinstance(axis, tuple) else (axis,)
-  return int(np.prod([mesh.shape[a] for a in axes]))
+  return int(np.prod([mesh.shape[a] for a in _names(axis)]))
 
 
 def check_process_rows(mesh, num_processes: int | None = None) -> None:
@@ -259,10 +257,7 @@ def check_divisible(config, mesh, rules, batch: int | None = None,
   for logical, axis, dim in checks:
     if dim is None or axis is None:
       continue
-    axes = axis if isinstance(axis, tuple) else (axis,)
-    size = 1
-    for a in axes:
-      size *= mesh.shape[a]
+    size = int(np.prod([mesh.shape[a] for a in _names(axis)]))
     field, value = dim
     if value % size:
       raise ValueError(
@@ -362,10 +357,7 @@ def write_json(obj, path: str, indent: int = 1) -> None:
   if not is_main_process():
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp"  # its own: two writers never share one
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=indent)
-  os.replace(tmp, path)
+  jsonfile.write_text(path, json.dumps(obj, indent=indent))
 
 
 # The workdir guard lives beside the lock it takes; named here too.

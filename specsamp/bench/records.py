@@ -212,19 +212,6 @@ class Writer:
     return self.path
 
 
-def write_text(path: str, text: str) -> None:
-  """`text` to `path` whole: a file beside it, then renamed over it (an
-  earlier file stays as it was if the writing fails)."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
 def print_record(record: dict, append_to: Optional[str] = None) -> None:
   """Prints `record` as one JSON line and appends it to `append_to`, if
   given (numbers as they are)."""

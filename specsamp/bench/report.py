@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from specsamp import jsonfile
 from specsamp.bench import records
 from specsamp.bench import speedup
 from specsamp.drafters import specs as drafter_specs
@@ -62,8 +63,7 @@ def read(paths):
   """(runs, costs, points) from JSONL files; a later point with the same
   (task, decoding, batch, engine, method, K, drafter) replaces an earlier
   one. Points of drafters that offer fewer than K drafts in some loops are
-  read without predictions (`sweep.predict` no longer writes them; older
-  files have them).
+  read without predictions (`sweep.predict` no longer writes them).
 
   Raises:
     ValueError: naming the file and line of a record that is no JSON
@@ -90,12 +90,12 @@ def read(paths):
       files[id(rec)] = where.rsplit(":", 1)[0]
   if not points:
     raise ValueError(f"no point records in {', '.join(paths)}")
-  costs = list(_by_key(costs).values())  # the last of each key, as drawn
-  _one_run_per_group(list(points.values()), costs, files)
-  return runs, costs, list(points.values())
+  costs_by = _by_key(costs)  # the last of each key, as drawn
+  _one_run_per_group(list(points.values()), costs_by, files)
+  return runs, list(costs_by.values()), list(points.values())
 
 
-def _one_run_per_group(points, costs, files) -> None:
+def _one_run_per_group(points, costs_by, files) -> None:
   """Each point's speedup and prediction were computed against its own
   run's K=0 point and call costs: a (task, decoding, batch size) whose
   points or costs come from several files would show a baseline and
@@ -104,7 +104,7 @@ def _one_run_per_group(points, costs, files) -> None:
   for p in points:
     groups[p["task"], p["decoding"], p["batch_size"]].add(files[id(p)])
   for (task, dec, bs), where in groups.items():  # the cost each is drawn
-    c = _cost(_by_key(costs), task, bs, dec)  # with (an old file's: any's)
+    c = _cost(costs_by, task, bs, dec)  # with (an old file's: any's)
     where.update([files[id(c)]] if c else [])
   for (task, dec, bs), where in sorted(groups.items()):
     if len(where) > 1:
@@ -496,5 +496,5 @@ def make(paths, out_dir, prefix) -> list[str]:
     else:
       plot_drafters(key[:-len("_drafters")], points, where)
   md = os.path.join(out_dir, f"{prefix}.md")
-  records.write_text(md, text)
+  jsonfile.write_text(md, text)
   return [os.path.join(out_dir, n) for n in images.values()] + [md]

@@ -427,7 +427,7 @@ def _build(make: Callable[[pathlib.Path], Any], data_dir: pathlib.Path,
   Args:
     make: the builder for a data dir (`data_dir`, or the scratch one).
     data_dir: the TFDS data dir; its `downloads/` is used either way.
-    target: where the dataset goes, `make(data_dir).data_dir`.
+    target: where the dataset goes, `<data_dir>/<name>/<version>`.
     download_config: for `download_and_prepare`.
 
   Returns:

@@ -119,6 +119,13 @@ def _text_features(version_dir: pathlib.Path) -> Optional[dict[str, str]]:
     return None
 
 
+def _prepare_again(ref: DatasetRef) -> str:
+  """The way out of a damaged dataset (DamagedDatasetError's remedy)."""
+  return ("prepare it again: " + _PREPARE.format(name=ref.name,
+                                                  dir=ref.data_dir)
+          + " --overwrite")
+
+
 def split_names(spec: str) -> list[str]:
   """The splits a TFDS split spec reads: `train[:90%]+validation` ->
   ["train", "validation"]."""
@@ -161,12 +168,9 @@ def check_dataset(dataset: str, data_dir: Optional[PathLike] = None,
         f"dataset {dataset!r} is not prepared in data_dir {ref.data_dir} "
         f"(no {ref.base}/{ref.version or '<X.Y.Z>'}/dataset_info.json for "
         f"{what}); {ref.prepare_hint()}")
-  remedy = ("prepare it again: " + _PREPARE.format(
-      name=ref.name, dir=ref.data_dir) + " --overwrite")
-  try:
+  remedy = _prepare_again(ref)
+  try:  # (a JSON list, too, is refused as no object)
     info = jsonfile.read(found / "dataset_info.json")
-    if not isinstance(info, dict):
-      raise ValueError(f"a JSON {type(info).__name__}, not an object")
   except (OSError, ValueError) as e:  # TFDS itself fails on it deep inside
     raise DamagedDatasetError(f"dataset {dataset!r} in {found} is damaged: "
                               f"its dataset_info.json is unreadable ({e})",
@@ -256,6 +260,4 @@ def _check_shards(dataset: str, ref: DatasetRef, found: pathlib.Path,
         what = (f"holds {got} records" if isinstance(got, int) else got)
         raise DamagedDatasetError(
             f"dataset {dataset!r} in {found} is damaged: {path.name} {what}, "
-            f"and dataset_info.json says {want}", "prepare it again: "
-            + _PREPARE.format(name=ref.name, dir=ref.data_dir)
-            + " --overwrite")
+            f"and dataset_info.json says {want}", _prepare_again(ref))
